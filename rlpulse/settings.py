@@ -1,0 +1,131 @@
+"""Settings: flags, then ``RLPULSE_*`` environment variables, then defaults.
+
+One immutable :class:`Settings` object is built at the edge (CLI, test fixture) and passed
+down; nothing reads the environment behind the caller's back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Mapping
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Parse ``500ms``, ``10s``, ``15m``, ``1h`` or a bare number of seconds into seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"invalid duration {text!r}: expected a number with ms, s, m or h, e.g. 500ms, 10s, 15m")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _default_home() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "rlpulse"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    clickhouse_url: str = ""  # empty: a chDB store under ``home``
+    topic_prefix: str = "rlpulse"
+    home: Path = dataclasses.field(default_factory=_default_home)
+    partitions: int = 2
+    window: float = 60.0
+    allowed_lateness: float = 10.0
+    stall_after: float = 900.0
+    silent_after: float = 300.0
+    heartbeat_interval: float = 15.0
+    # Kafka security; the password is kept out of repr() so it never lands in a log line.
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str = ""
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: str = dataclasses.field(default="", repr=False)
+    kafka_ssl_cafile: str = ""
+
+    # Environment variable -> field, with the parser for its text.
+    _ENV = {
+        "RLPULSE_KAFKA_BOOTSTRAP": ("kafka_bootstrap", str),
+        "RLPULSE_CLICKHOUSE_URL": ("clickhouse_url", str),
+        "RLPULSE_TOPIC_PREFIX": ("topic_prefix", str),
+        "RLPULSE_HOME": ("home", Path),
+        "RLPULSE_PARTITIONS": ("partitions", int),
+        "RLPULSE_WINDOW": ("window", parse_duration),
+        "RLPULSE_ALLOWED_LATENESS": ("allowed_lateness", parse_duration),
+        "RLPULSE_STALL_AFTER": ("stall_after", parse_duration),
+        "RLPULSE_SILENT_AFTER": ("silent_after", parse_duration),
+        "RLPULSE_HEARTBEAT_INTERVAL": ("heartbeat_interval", parse_duration),
+        "RLPULSE_KAFKA_SECURITY_PROTOCOL": ("kafka_security_protocol", str),
+        "RLPULSE_KAFKA_SASL_MECHANISM": ("kafka_sasl_mechanism", str),
+        "RLPULSE_KAFKA_SASL_USERNAME": ("kafka_sasl_username", str),
+        "RLPULSE_KAFKA_SASL_PASSWORD": ("kafka_sasl_password", str),
+        "RLPULSE_KAFKA_SSL_CAFILE": ("kafka_ssl_cafile", str),
+    }
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **flags: object) -> "Settings":
+        """Build settings from ``flags`` (None values ignored), then ``env``, then defaults."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for var, (field, parse) in cls._ENV.items():  # type: ignore[attr-defined]
+            raw = env.get(var)
+            if raw not in (None, ""):
+                try:
+                    values[field] = parse(raw)
+                except ValueError as exc:
+                    raise ValueError(f"{var}: {exc}") from None
+        for field, value in flags.items():
+            if value is not None:
+                values[field] = parse_duration(value) if field in _DURATION_FIELDS else value
+        settings = cls(**values)  # type: ignore[arg-type]
+        if settings.partitions < 1:
+            raise ValueError("RLPULSE_PARTITIONS must be at least 1")
+        return settings
+
+    def topic(self, name: str) -> str:
+        """Full topic name for a short name such as ``spans`` or ``dlq``."""
+        return f"{self.topic_prefix}.{name}"
+
+    @property
+    def app_id(self) -> str:
+        """Faust application id (and consumer-group stem); derives from the topic prefix."""
+        return f"{self.topic_prefix}-streams"
+
+    @property
+    def sink_group(self) -> str:
+        return f"{self.topic_prefix}-sink"
+
+    @property
+    def clickhouse_dsn(self) -> str:
+        return self.clickhouse_url or f"chdb://{self.home / 'clickhouse'}"
+
+    def kafka_client_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for aiokafka clients: bootstrap servers and security settings."""
+        kwargs: dict[str, object] = {"bootstrap_servers": self.kafka_bootstrap}
+        if self.kafka_security_protocol != "PLAINTEXT":
+            kwargs["security_protocol"] = self.kafka_security_protocol
+            if self.kafka_security_protocol in ("SSL", "SASL_SSL"):
+                from aiokafka.helpers import create_ssl_context
+
+                kwargs["ssl_context"] = create_ssl_context(cafile=self.kafka_ssl_cafile or None)
+            if self.kafka_sasl_mechanism:
+                kwargs["sasl_mechanism"] = self.kafka_sasl_mechanism
+                kwargs["sasl_plain_username"] = self.kafka_sasl_username
+                kwargs["sasl_plain_password"] = self.kafka_sasl_password
+        return kwargs
+
+
+_DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "silent_after", "heartbeat_interval"}
+
+# Topic short names; every full name is ``<prefix>.<short>``.
+RAW_TOPICS = ("spans", "steps", "hardware")
+DERIVED_TOPICS = ("grader-failures", "step-stats", "reward-histograms", "alerts")
+DLQ_TOPIC = "dlq"
+SCHEMAS_TOPIC = "schemas"
