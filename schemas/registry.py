@@ -1,0 +1,81 @@
+"""A schema registry kept in Kafka itself: the compacted topic ``<prefix>.schemas``.
+
+Writers publish each schema they use once (key: fingerprint, value: canonical JSON) before
+their first message with it; readers that meet an unknown fingerprint read the topic to the
+end and try again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from schemas.codec import Codec, Decoded, UnknownSchemaError
+
+log = logging.getLogger(__name__)
+
+
+async def publish_schemas(producer: AIOKafkaProducer, topic: str, codec: Codec, names: Iterable[str]) -> None:
+    """Publish the named schemas and wait until the broker has them."""
+    for name in names:
+        await producer.send_and_wait(topic, key=codec.fingerprint(name), value=codec.canonical(name).encode())
+
+
+class SchemaResolver:
+    """Decodes with a :class:`Codec`, reading the schemas topic when a fingerprint is unknown."""
+
+    def __init__(self, codec: Codec, topic: str, kafka_kwargs: dict[str, Any], min_refresh_interval: float = 1.0):
+        self.codec = codec
+        self._topic = topic
+        self._kafka_kwargs = kafka_kwargs
+        self._min_interval = min_refresh_interval
+        self._last_refresh = 0.0
+
+    async def decode(self, data: bytes) -> Decoded:
+        try:
+            return self.codec.decode(data)
+        except UnknownSchemaError as exc:
+            # Rate-limited so a flood of messages with a bogus fingerprint cannot hammer the broker.
+            if time.monotonic() - self._last_refresh < self._min_interval:
+                raise
+            await self.refresh()
+            if not self.codec.knows(exc.fingerprint):
+                raise
+            return self.codec.decode(data)
+
+    async def refresh(self) -> int:
+        """Read the schemas topic from the beginning to its end; returns how many schemas were read."""
+        self._last_refresh = time.monotonic()
+        consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest", **self._kafka_kwargs)
+        await consumer.start()
+        read = 0
+        try:
+            partitions = consumer.partitions_for_topic(self._topic) or set()
+            if not partitions:
+                await consumer._client.force_metadata_update()  # noqa: SLF001 - the public API has no refresh
+                partitions = consumer.partitions_for_topic(self._topic) or set()
+            tps = [TopicPartition(self._topic, p) for p in partitions]
+            if not tps:
+                return 0
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            end = await consumer.end_offsets(tps)
+            remaining = {tp for tp in tps if end[tp] > 0}
+            while remaining:
+                batches = await consumer.getmany(timeout_ms=1000)
+                for tp, messages in batches.items():
+                    for msg in messages:
+                        try:
+                            self.codec.add_schema(msg.value.decode())
+                            read += 1
+                        except Exception as exc:  # one bad registry entry must not block the rest
+                            log.warning("ignoring unreadable schema at %s offset %d: %s", self._topic, msg.offset, exc)
+                for tp in list(remaining):
+                    if await consumer.position(tp) >= end[tp]:
+                        remaining.discard(tp)
+        finally:
+            await consumer.stop()
+        return read
