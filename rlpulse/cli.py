@@ -29,7 +29,82 @@ def cmd_services(args: argparse.Namespace) -> int:
     return services.main(_settings(args), args.action)
 
 
-COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {}
+def cmd_streams(args: argparse.Namespace) -> int:
+    from rlpulse.topics import ensure_topics
+    from streams.app import run_worker
+
+    settings = _settings(args)
+    ensure_topics(settings)
+    run_worker(settings, loglevel="DEBUG" if args.verbose else "INFO")
+    return 0
+
+
+def cmd_sink(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rlpulse.topics import ensure_topics
+    from sinks.clickhouse import migrate, open_store
+    from sinks.sink import serve
+
+    settings = _settings(args)
+    ensure_topics(settings)
+    with open_store(settings.clickhouse_dsn, owner="rlpulse sink") as store:
+        migrate(store)
+        asyncio.run(serve(settings, store, batch_rows=args.batch_rows, flush_interval=args.flush_interval))
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from sinks.clickhouse import migrate, open_store
+
+    settings = _settings(args)
+    with open_store(settings.clickhouse_dsn, owner="rlpulse migrate") as store:
+        applied = migrate(store)
+        print(f"{store.url}: database {store.database}: " + (f"applied {', '.join(applied)}" if applied else "up to date"))
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from sinks.clickhouse import open_store
+    from sinks.report import print_table
+
+    settings = _settings(args)
+    with open_store(settings.clickhouse_dsn, owner="rlpulse query") as store:
+        result = store.client.query(args.sql, settings={"readonly": 1})
+        print_table(result.column_names, result.result_rows)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from producers.simulator import simulate
+    from rlpulse.topics import ensure_topics
+
+    settings = _settings(args)
+    ensure_topics(settings)
+    truth = simulate(settings, project=args.project, runs=args.runs, steps=args.steps,
+                     rollouts_per_step=args.rollouts, seed=args.seed, progress=print)
+    if args.ground_truth:
+        with open(args.ground_truth, "w") as f:
+            json.dump(truth.as_dict(), f, indent=2, sort_keys=True)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rlpulse.demo import run_demo
+
+    return run_demo(_settings(args))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sinks.clickhouse import open_store
+    from sinks.report import print_report
+
+    settings = _settings(args)
+    with open_store(settings.clickhouse_dsn, owner="rlpulse report") as store:
+        print_report(store, project=args.project)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +115,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down", "status"])
     _add_common(p)
     p.set_defaults(func=cmd_services)
+
+    p = sub.add_parser("streams", help="run the Faust stream processors (a worker)")
+    _add_common(p)
+    p.set_defaults(func=cmd_streams)
+
+    p = sub.add_parser("sink", help="write the topics into ClickHouse")
+    p.add_argument("--batch-rows", type=int, default=5000, help="insert when this many rows are buffered")
+    p.add_argument("--flush-interval", type=float, default=1.0, help="seconds between checkpoints")
+    _add_common(p)
+    p.set_defaults(func=cmd_sink)
+
+    p = sub.add_parser("migrate", help="create or upgrade the ClickHouse tables")
+    _add_common(p)
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("query", help="run a read-only SQL query")
+    p.add_argument("sql")
+    _add_common(p)
+    p.set_defaults(func=cmd_query)
+
+    p = sub.add_parser("simulate", help="publish simulated training runs through the SDK")
+    p.add_argument("--project", default="sim")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--rollouts", type=int, default=8, help="rollouts per step")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--ground-truth", help="write what was sent as JSON to this file")
+    _add_common(p)
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("demo", help="the main job: services, simulated runs, streams, sink, report")
+    _add_common(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("report", help="print figures read from ClickHouse")
+    p.add_argument("--project", help="only this project")
+    _add_common(p)
+    p.set_defaults(func=cmd_report)
     return parser
 
 
@@ -55,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # bad settings or arguments: one clear line, no traceback
         print(f"rlpulse {args.command}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
+    except (RuntimeError, ConnectionError, TimeoutError) as exc:
+        # Known operational failures (store busy, broker unreachable, pipeline stuck): one line.
+        print(f"rlpulse {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

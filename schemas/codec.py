@@ -57,7 +57,8 @@ def _load(schema: dict[str, Any] | str) -> _Schema:
     canonical = to_parsing_canonical_form(parsed)
     # fastavro's hex digest is already in the little-endian byte order the spec puts on the wire.
     fp = bytes.fromhex(_fingerprint(canonical, "CRC-64-AVRO"))
-    return _Schema(name=parsed["name"], parsed=parsed, canonical=canonical, fingerprint=fp)
+    name = parsed["name"] if isinstance(parsed, dict) and "name" in parsed else canonical
+    return _Schema(name=name, parsed=parsed, canonical=canonical, fingerprint=fp)
 
 
 def short_name(full_name: str) -> str:

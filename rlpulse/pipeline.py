@@ -1,0 +1,166 @@
+"""Runs the pipeline's processes (``rlpulse streams``, ``rlpulse sink``) as children and waits
+until they have caught up; used by ``rlpulse demo`` and by the integration tests, so both
+exercise the commands a user runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from rlpulse.settings import Settings
+
+SINK_TOPICS = ("spans", "steps", "hardware", "grader-failures", "alerts")
+STREAMS_TOPICS = ("spans",)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment that gives a child process these settings."""
+    env = dict(os.environ)
+    env.update({
+        "RLPULSE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "RLPULSE_CLICKHOUSE_URL": settings.clickhouse_dsn,
+        "RLPULSE_TOPIC_PREFIX": settings.topic_prefix,
+        "RLPULSE_HOME": str(settings.home),
+        "RLPULSE_PARTITIONS": str(settings.partitions),
+        "RLPULSE_WINDOW": f"{settings.window}s",
+        "RLPULSE_ALLOWED_LATENESS": f"{settings.allowed_lateness}s",
+        "RLPULSE_STALL_AFTER": f"{settings.stall_after}s",
+        "RLPULSE_SILENT_AFTER": f"{settings.silent_after}s",
+        "RLPULSE_HEARTBEAT_INTERVAL": f"{settings.heartbeat_interval}s",
+    })
+    return env
+
+
+async def lag_async(settings: Settings, group: str, shorts: tuple[str, ...]) -> dict[str, int]:
+    """Messages not yet committed by ``group``, per topic (a topic the group never committed counts whole)."""
+    kafka = settings.kafka_client_kwargs()
+    consumer = AIOKafkaConsumer(**kafka)
+    admin = AIOKafkaAdminClient(**kafka)
+    await consumer.start()
+    await admin.start()
+    try:
+        topics = [settings.topic(s) for s in shorts]
+        tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+        end = await consumer.end_offsets(tps) if tps else {}
+        committed = await admin.list_consumer_group_offsets(group)
+        lag = {t: 0 for t in topics}
+        for tp in tps:
+            meta = committed.get(tp)
+            done = meta.offset if meta is not None and meta.offset >= 0 else 0
+            lag[tp.topic] += max(end[tp] - done, 0)
+        return lag
+    finally:
+        await admin.close()
+        await consumer.stop()
+
+
+def lag(settings: Settings, group: str, shorts: tuple[str, ...]) -> dict[str, int]:
+    return asyncio.run(lag_async(settings, group, shorts))
+
+
+class Pipeline:
+    """The streams worker and the sink as child processes with their logs under ``home/logs``."""
+
+    def __init__(self, settings: Settings, log_dir: Path | None = None):
+        self.settings = settings
+        self.log_dir = log_dir or settings.home / "logs"
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, which: tuple[str, ...] = ("streams", "sink")) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for name in which:
+            log = open(self.log_dir / f"{name}.log", "ab")
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "rlpulse.cli", name], env=settings_env(self.settings),
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"rlpulse {name} exited with {proc.returncode}; see {self.log_dir / (name + '.log')}")
+
+    def stop(self, which: tuple[str, ...] | None = None, sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:
+        for name in which or tuple(self.procs):
+            proc = self.procs.pop(name, None)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def wait_caught_up(self, closes_at_ns: int, timeout: float = 180.0, progress=lambda line: None) -> None:
+        """Wait until every window that closes by ``closes_at_ns`` is emitted and everything is in ClickHouse.
+
+        Caught up means: the wall clock is past ``closes_at_ns`` plus a second for the emit timer,
+        the streams have committed all of ``spans``, and then the sink has committed every topic
+        it reads, twice in a row half a second apart.
+        """
+        deadline = time.monotonic() + timeout
+        settled = 0
+        last = None
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if time.time_ns() >= closes_at_ns + 1_500_000_000:
+                streams_lag = sum(lag(self.settings, self.settings.app_id, STREAMS_TOPICS).values())
+                sink_lag = sum(lag(self.settings, self.settings.sink_group, SINK_TOPICS).values())
+                state = (streams_lag, sink_lag)
+                if state != last:
+                    progress(f"waiting: streams lag {streams_lag}, sink lag {sink_lag}")
+                    last = state
+                settled = settled + 1 if streams_lag == 0 and sink_lag == 0 else 0
+                if settled >= 2:
+                    return
+            time.sleep(0.5)
+        raise TimeoutError(f"pipeline did not catch up in {timeout:.0f}s; logs in {self.log_dir}")
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def group_ready_async(settings: Settings, group: str) -> bool:
+    """True when ``group`` is a stable consumer group with at least one member."""
+    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    await admin.start()
+    try:
+        described = await admin.describe_consumer_groups([group])
+    except KafkaError:  # coordinator not elected yet, offsets topic still being created
+        return False
+    finally:
+        await admin.close()
+    for response in described:
+        for g in response.groups:
+            # (error_code, group_id, state, protocol_type, protocol, members, ...)
+            if g[1] == group and g[2] == "Stable" and len(g[5]) > 0:
+                return True
+    return False
+
+
+def wait_groups_ready(settings: Settings, groups: tuple[str, ...], pipeline: Pipeline | None = None,
+                      timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(groups)
+    while pending:
+        if pipeline is not None:
+            pipeline.check_alive()
+        pending = [g for g in pending if not asyncio.run(group_ready_async(settings, g))]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"consumer groups not ready after {timeout:.0f}s: {', '.join(pending)}")
+        time.sleep(0.5)

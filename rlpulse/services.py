@@ -1,0 +1,341 @@
+"""The local Kafka broker behind ``rlpulse services up|down|status``.
+
+Apache Kafka 3.9.1 runs as one KRaft node (broker and controller in one JVM) from the official
+jars, which ``mvn`` fetches from Maven Central into ``$RLPULSE_HOME/kafka/libs``. Everything the
+broker writes (config, data, pid file, log) lives under ``$RLPULSE_HOME/kafka``. Only the process
+named in our pid file is ever stopped; a broker someone else runs on the port is left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from rlpulse.settings import Settings
+
+KAFKA_VERSION = "3.9.1"
+POM = Path(__file__).parent / "kafka" / "pom.xml"
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+JVM_OPTS = ["-Xmx512m", "-Xms256m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
+_LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
+
+
+class ServicesError(RuntimeError):
+    """A failure with a message meant for the user as it is."""
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _kafka_dir(settings: Settings) -> Path:
+    return (settings.home / "kafka").absolute()  # absolute: the broker runs with this folder as cwd
+
+
+def _pid_file(settings: Settings) -> Path:
+    return _kafka_dir(settings) / "broker.pid"
+
+
+def _log_file(settings: Settings) -> Path:
+    return _kafka_dir(settings) / "broker.log"
+
+
+def host_port(bootstrap: str) -> tuple[str, int]:
+    """Host and port of the first entry of a bootstrap list such as ``127.0.0.1:9092,...``."""
+    first = bootstrap.split(",")[0].strip()
+    host, sep, port = first.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"bootstrap {bootstrap!r}: expected host:port, e.g. 127.0.0.1:9092")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    """True if something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def broker_answers(bootstrap: str, timeout: float = 5.0) -> bool:
+    """True if a Kafka broker at ``bootstrap`` answers a metadata request within ``timeout`` seconds."""
+    from aiokafka.client import AIOKafkaClient
+
+    async def probe() -> bool:
+        client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+        try:
+            await asyncio.wait_for(client.bootstrap(), timeout)
+            return bool(client.cluster.brokers())
+        except Exception:
+            return False
+        finally:
+            await client.close()
+
+    quiet = logging.getLogger("aiokafka")  # a refused connection is an answer here, not an error
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        return asyncio.run(probe())
+    finally:
+        quiet.setLevel(level)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # reap it if it is our own exited child
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _is_our_kafka(pid: int, settings: Settings) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:  # no /proc (macOS): ask ps
+        run = subprocess.run(["ps", "-p", str(pid), "-o", "command="], capture_output=True, text=True)
+        argv = run.stdout.split()
+    server = str(_kafka_dir(settings) / "server.properties")  # not some other home's broker under a reused pid
+    return bool(argv) and Path(argv[0]).name == "java" and "kafka.Kafka" in argv and server in argv
+
+
+def our_pid(settings: Settings) -> int | None:
+    """Pid of the broker rlpulse started under ``settings.home``, if that process still runs."""
+    try:
+        pid = int(_pid_file(settings).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _pid_alive(pid) and _is_our_kafka(pid, settings) else None
+
+
+def _log_tail(settings: Settings, lines: int = 30) -> str:
+    try:
+        return "\n".join(_log_file(settings).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log written)"
+
+
+def _require(*tools: str) -> None:
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        raise ServicesError(
+            f"{' and '.join(missing)} not found on PATH: the local Kafka broker needs Java 17+ and Maven "
+            "(Debian/Ubuntu: apt-get install openjdk-17-jre-headless maven; macOS: brew install openjdk@17 maven), "
+            "or run everything with `docker compose up`"
+        )
+
+
+def fetch_jars(settings: Settings) -> Path:
+    """Fetch the Kafka jars into ``$RLPULSE_HOME/kafka/libs`` with ``mvn``, once; return that folder."""
+    libs = _kafka_dir(settings) / "libs"
+    marker = libs / ".complete"
+    if marker.exists() and marker.read_text().strip() == KAFKA_VERSION:
+        return libs
+    _require("java", "mvn")
+    _say(f"fetching Kafka {KAFKA_VERSION} jars from Maven Central with mvn into {libs} ...")
+    started = time.monotonic()
+    libs.mkdir(parents=True, exist_ok=True)
+    cmd = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", f"-DoutputDirectory={libs}"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        tail = "\n".join((run.stdout + run.stderr).splitlines()[-20:])
+        raise ServicesError(f"mvn failed (exit {run.returncode}) fetching the Kafka jars:\n{tail}")
+    marker.write_text(KAFKA_VERSION + "\n")
+    _say(f"fetched {len(list(libs.glob('*.jar')))} jars in {time.monotonic() - started:.0f}s")
+    return libs
+
+
+def _write_config(settings: Settings, host: str, port: int) -> tuple[Path, Path]:
+    kdir = _kafka_dir(settings)
+    server = kdir / "server.properties"
+    server.write_text(
+        "# Written by `rlpulse services up` on every start; edits are overwritten.\n"
+        "process.roles=broker,controller\n"
+        "node.id=1\n"
+        f"controller.quorum.voters=1@{host}:{port + 1}\n"
+        f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{port + 1}\n"
+        f"advertised.listeners=PLAINTEXT://{host}:{port}\n"
+        "controller.listener.names=CONTROLLER\n"
+        "inter.broker.listener.name=PLAINTEXT\n"
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n"
+        f"log.dirs={kdir / 'data'}\n"
+        "num.partitions=1\n"
+        "auto.create.topics.enable=true\n"
+        "offsets.topic.replication.factor=1\n"
+        "transaction.state.log.replication.factor=1\n"
+        "transaction.state.log.min.isr=1\n"
+        "group.initial.rebalance.delay.ms=0\n"
+        "log.retention.hours=168\n"
+    )
+    log4j = kdir / "log4j.properties"
+    log4j.write_text(
+        "log4j.rootLogger=INFO, file\n"
+        "log4j.appender.file=org.apache.log4j.RollingFileAppender\n"
+        f"log4j.appender.file.File={_log_file(settings)}\n"
+        "log4j.appender.file.MaxFileSize=50MB\n"
+        "log4j.appender.file.MaxBackupIndex=2\n"
+        "log4j.appender.file.layout=org.apache.log4j.PatternLayout\n"
+        "log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+        "log4j.logger.kafka.request.logger=WARN\n"
+        "log4j.logger.org.apache.kafka.clients=WARN\n"
+    )
+    return server, log4j
+
+
+def _cluster_id() -> str:
+    while True:  # Kafka's own rule: never an id that reads like a command-line flag
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def _format_storage(settings: Settings, libs: Path, server: Path, log4j: Path) -> None:
+    if (_kafka_dir(settings) / "data" / "meta.properties").exists():
+        return
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # StorageTool chokes on COLUMNS
+    cmd = ["java", f"-Dlog4j.configuration=file:{log4j}", "-cp", f"{libs}/*",
+           "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(server)]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if run.returncode != 0:
+        raise ServicesError(f"formatting Kafka storage failed (exit {run.returncode}):\n{run.stdout}{run.stderr}")
+    _say(f"formatted Kafka storage in {_kafka_dir(settings) / 'data'}")
+
+
+def up(settings: Settings) -> None:
+    """Start the local broker unless it already runs; return once it answers metadata requests."""
+    host, port = host_port(settings.kafka_bootstrap)
+    bootstrap = f"{host}:{port}"
+    log = _log_file(settings)
+    pid = our_pid(settings)
+    if pid is not None:
+        deadline = time.monotonic() + START_TIMEOUT  # it may still be starting (a concurrent `up`)
+        while not broker_answers(bootstrap, 2.0):
+            if time.monotonic() > deadline or our_pid(settings) is None:
+                raise ServicesError(f"the broker rlpulse started (pid {pid}) does not answer on {bootstrap}; "
+                                    f"run `rlpulse services down` and look at {log}")
+            time.sleep(0.5)
+        _say(f"Kafka {KAFKA_VERSION} broker already running on {bootstrap} (pid {pid}, log: {log})")
+        return
+    if host not in _LOCAL_HOSTS:
+        raise ServicesError(f"RLPULSE_KAFKA_BOOTSTRAP is {settings.kafka_bootstrap}: "
+                            "`services up` only starts a broker on this machine (e.g. 127.0.0.1:9092)")
+    for busy in (port, port + 1):
+        if port_open(host, busy):
+            what = "a Kafka broker" if busy == port and broker_answers(bootstrap, 3.0) else "another process"
+            raise ServicesError(f"{host}:{busy} is already in use by {what} not started by rlpulse "
+                                f"(RLPULSE_HOME={settings.home}); not starting a second broker. "
+                                "Stop it, or pick another port with RLPULSE_KAFKA_BOOTSTRAP")
+    _pid_file(settings).unlink(missing_ok=True)  # stale: that process is gone
+    libs = fetch_jars(settings)
+    _require("java")
+    server, log4j = _write_config(settings, host, port)
+    _format_storage(settings, libs, server, log4j)
+    cmd = ["java", *JVM_OPTS, f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={log.parent}",
+           "-cp", f"{libs}/*", "kafka.Kafka", str(server)]
+    started = time.monotonic()
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, cwd=log.parent, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    _pid_file(settings).write_text(f"{proc.pid}\n")
+    while not broker_answers(bootstrap, 2.0):
+        failed = None
+        if proc.poll() is not None:
+            failed = f"the Kafka broker exited with status {proc.returncode} before it answered"
+        elif time.monotonic() - started > START_TIMEOUT:
+            failed = f"the Kafka broker did not answer on {bootstrap} within {START_TIMEOUT:.0f}s; stopped it"
+            _stop(proc.pid)
+        if failed:
+            _pid_file(settings).unlink(missing_ok=True)
+            raise ServicesError(f"{failed}. Last lines of {log}:\n{_log_tail(settings)}")
+        time.sleep(0.5)
+    _say(f"Kafka {KAFKA_VERSION} broker up on {bootstrap} (pid {proc.pid}, log: {log}) "
+         f"in {time.monotonic() - started:.1f}s")
+
+
+def _stop(pid: int) -> bool:
+    """SIGTERM, wait up to STOP_TIMEOUT, then SIGKILL; True if it stopped cleanly."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid):
+            return True
+        time.sleep(0.2)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return True
+    while _pid_alive(pid):
+        time.sleep(0.1)
+    return False
+
+
+def down(settings: Settings) -> None:
+    """Stop the broker named in our pid file, and only that one."""
+    pid = our_pid(settings)
+    if pid is None:
+        _pid_file(settings).unlink(missing_ok=True)
+        _say(f"no broker started by rlpulse is running (RLPULSE_HOME={settings.home})")
+        return
+    started = time.monotonic()
+    clean = _stop(pid)
+    _pid_file(settings).unlink(missing_ok=True)
+    how = "stopped" if clean else f"killed (it ignored SIGTERM for {STOP_TIMEOUT:.0f}s)"
+    _say(f"Kafka broker (pid {pid}) {how} in {time.monotonic() - started:.1f}s")
+
+
+def status(settings: Settings) -> bool:
+    """Print what is true about the local broker; True if ours runs and answers."""
+    host, port = host_port(settings.kafka_bootstrap)
+    bootstrap = f"{host}:{port}"
+    pid = our_pid(settings)
+    if pid is not None:
+        _say(f"broker started by rlpulse: running (pid {pid}, log: {_log_file(settings)})")
+    elif _pid_file(settings).exists():
+        _say(f"broker started by rlpulse: not running (stale pid file {_pid_file(settings)})")
+    else:
+        _say(f"broker started by rlpulse: not running (RLPULSE_HOME={settings.home})")
+    answers = broker_answers(bootstrap, 3.0)
+    _say(f"{bootstrap}: {'a Kafka broker answers' if answers else 'no Kafka broker answers'}")
+    if pid is None and (answers or port_open(host, port)):
+        _say(f"note: {bootstrap} is served by a process rlpulse did not start from RLPULSE_HOME={settings.home}")
+    return pid is not None and answers
+
+
+def main(settings: Settings, action: str) -> int:
+    """Run ``up``, ``down`` or ``status``; the exit code: 0 ok, 1 failed, 3 ``status`` says not running."""
+    try:
+        if action == "up":
+            up(settings)
+        elif action == "down":
+            down(settings)
+        elif action == "status":
+            return 0 if status(settings) else 3
+        else:
+            raise ValueError(f"unknown action {action!r}: expected up, down or status")
+    except ServicesError as exc:
+        print(f"rlpulse services {action}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0

@@ -1,0 +1,1 @@
+"""Kafka -> ClickHouse: the sink, the DDL (numbered migrations) and saved queries."""

@@ -1,0 +1,126 @@
+"""Opening ClickHouse through clickhouse-connect: chDB in-process (``chdb:///path``) or a server URL.
+
+chDB lets one process open a store at a time, so the process that opens one holds an
+exclusive lock file in it and a second process gets a clear error naming the holder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import clickhouse_connect
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class StoreBusyError(RuntimeError):
+    """The chDB store is open in another process."""
+
+
+@dataclass
+class Store:
+    """A ClickHouse connection and the database the pipeline uses."""
+
+    client: Any
+    database: str
+    url: str  # with any password masked; safe to print
+    _lock_fd: int | None = None
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = None
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _lock_store(path: Path, owner: str) -> int:
+    path.mkdir(parents=True, exist_ok=True)
+    lock_path = path / "rlpulse.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise StoreBusyError(
+            f"the chDB store {path} is open in {holder}; chDB allows one process per store. "
+            "Stop that process, or point RLPULSE_CLICKHOUSE_URL at a ClickHouse server."
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} ({owner})".encode(), 0)
+    return fd
+
+
+def open_store(dsn: str, owner: str = "rlpulse", database: str | None = None) -> Store:
+    """Connect to ``dsn``; ``owner`` names this process in the chDB lock so a second one can say who holds it."""
+    parts = urlsplit(dsn)
+    if parts.scheme == "chdb":
+        path = Path(parts.path)
+        fd = _lock_store(path, owner)
+        try:
+            client = clickhouse_connect.get_client(dsn=f"chdb://{path}")
+        except Exception:
+            os.close(fd)
+            raise
+        return Store(client=client, database=database or "rlpulse", url=dsn, _lock_fd=fd)
+    if parts.scheme in ("http", "https", "clickhouse"):
+        db = database or parts.path.strip("/") or "rlpulse"
+        try:
+            client = clickhouse_connect.get_client(dsn=urlunsplit(parts._replace(path="/default")))
+        except Exception as exc:
+            # The driver's message can carry the URL; re-raise with the password masked.
+            raise ConnectionError(f"cannot connect to ClickHouse at {mask_url(dsn)}: {type(exc).__name__}") from None
+        return Store(client=client, database=db, url=mask_url(dsn))
+    raise ValueError(f"RLPULSE_CLICKHOUSE_URL: unsupported scheme {parts.scheme!r}; use chdb:///path or http://user:pass@host:8123/db")
+
+
+def migrate(store: Store) -> list[str]:
+    """Apply the numbered migrations not yet recorded; safe to run twice. Returns those applied now."""
+    db = store.database
+    if not _NAME.match(db):
+        raise ValueError(f"invalid database name {db!r}")
+    client = store.client
+    client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+    client.command(
+        f"CREATE TABLE IF NOT EXISTS {db}.schema_migrations (version String, applied_at DateTime DEFAULT now()) "
+        "ENGINE = ReplacingMergeTree ORDER BY version"
+    )
+    done = {row[0] for row in client.query(f"SELECT version FROM {db}.schema_migrations").result_rows}
+    applied = []
+    for path in sorted(MIGRATIONS.glob("*.sql")):
+        if path.stem in done:
+            continue
+        for statement in _statements(path.read_text().replace("{db}", db)):
+            client.command(statement)
+        client.insert(f"{db}.schema_migrations", [[path.stem]], column_names=["version"])
+        applied.append(path.stem)
+    return applied
+
+
+def _statements(sql: str) -> list[str]:
+    lines = [line for line in sql.splitlines() if not line.strip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]

@@ -1,0 +1,1 @@
+"""Stream processors (Faust): windowed figures computed from the raw topics, and alerts."""

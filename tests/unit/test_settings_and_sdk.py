@@ -1,0 +1,55 @@
+import math
+
+import pytest
+
+from producers import TrainingTelemetry
+from rlpulse.settings import Settings, parse_duration
+
+
+@pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("10s", 10.0), ("15m", 900.0), ("1h", 3600.0), ("2", 2.0)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_bad_duration_names_the_variable():
+    with pytest.raises(ValueError, match="RLPULSE_WINDOW: invalid duration '5 parsecs'"):
+        Settings.load({"RLPULSE_WINDOW": "5 parsecs"})
+
+
+def test_flags_override_environment_override_defaults():
+    env = {"RLPULSE_TOPIC_PREFIX": "t1", "RLPULSE_WINDOW": "5s"}
+    assert Settings.load(env).topic("spans") == "t1.spans"
+    assert Settings.load(env, topic_prefix="t2").app_id == "t2-streams"
+    assert Settings.load(env).window == 5.0 and Settings.load({}).window == 60.0
+
+
+def test_password_never_in_repr():
+    s = Settings.load({"RLPULSE_KAFKA_SASL_PASSWORD": "hunter2"})
+    assert "hunter2" not in repr(s) and s.kafka_sasl_password == "hunter2"
+
+
+@pytest.fixture
+def tel():
+    # Never started: validation happens before anything is queued.
+    return TrainingTelemetry(project="p", run_id="r", settings=Settings.load({}))
+
+
+@pytest.mark.parametrize(
+    "call, kwargs, message",
+    [
+        ("grader", dict(step=1, rollout_id="x", term="judge", outcome="late", duration_s=1.0), "outcome must be one of"),
+        ("rollout", dict(step=1, rollout_id="x", reward=math.nan), "reward must be a finite number"),
+        ("rollout", dict(step=1, rollout_id="x", reward=math.inf), "reward must be a finite number"),
+        ("rollout", dict(step=-1, rollout_id="x", reward=0.5), "step must be a non-negative integer"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={"j": "high"}), r"term_shares\['j'\] must be a finite number"),
+        ("step_completed", dict(step=1, duration_s=-2.0), "duration_s must be >= 0.0"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_the_field(tel, call, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        getattr(tel, call)(**kwargs)
+
+
+def test_unknown_trainer_is_rejected():
+    with pytest.raises(ValueError, match="trainer must be one of rl, sft"):
+        TrainingTelemetry(project="p", run_id="r", trainer="ppo", settings=Settings.load({}))
