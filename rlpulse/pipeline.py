@@ -17,6 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from rlpulse.settings import Settings
+from schemas.registry import topic_partitions
 
 SINK_TOPICS = ("spans", "steps", "hardware", "grader-failures", "alerts")
 STREAMS_TOPICS = ("spans",)
@@ -49,7 +50,9 @@ async def lag_async(settings: Settings, group: str, shorts: tuple[str, ...]) -> 
     await admin.start()
     try:
         topics = [settings.topic(s) for s in shorts]
-        tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+        tps = [tp for t in topics for tp in await topic_partitions(consumer, t)]
+        if len(tps) < len(topics):
+            raise RuntimeError(f"topics missing on {settings.kafka_bootstrap}: {sorted(set(topics) - {tp.topic for tp in tps})}")
         end = await consumer.end_offsets(tps) if tps else {}
         committed = await admin.list_consumer_group_offsets(group)
         lag = {t: 0 for t in topics}

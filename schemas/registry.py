@@ -12,10 +12,21 @@ import time
 from typing import Any, Iterable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import UnknownTopicOrPartitionError
 
 from schemas.codec import Codec, Decoded, UnknownSchemaError
 
 log = logging.getLogger(__name__)
+
+
+async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    """The topic's partitions, after fetching fresh metadata (a new consumer may not have it yet)."""
+    try:
+        # aiokafka's public API has no "metadata for this topic now"; its client does.
+        partitions = await consumer._client._wait_on_metadata(topic)  # noqa: SLF001
+    except UnknownTopicOrPartitionError:
+        return []
+    return [TopicPartition(topic, p) for p in sorted(partitions)]
 
 
 async def publish_schemas(producer: AIOKafkaProducer, topic: str, codec: Codec, names: Iterable[str]) -> None:
@@ -53,11 +64,7 @@ class SchemaResolver:
         await consumer.start()
         read = 0
         try:
-            partitions = consumer.partitions_for_topic(self._topic) or set()
-            if not partitions:
-                await consumer._client.force_metadata_update()  # noqa: SLF001 - the public API has no refresh
-                partitions = consumer.partitions_for_topic(self._topic) or set()
-            tps = [TopicPartition(self._topic, p) for p in partitions]
+            tps = await topic_partitions(consumer, self._topic)
             if not tps:
                 return 0
             consumer.assign(tps)

@@ -1,0 +1,82 @@
+"""Backends for the integration tests: the same test bodies run against
+
+* ``local``: the Kafka broker from the jars (``rlpulse services up``; ``make test`` starts it)
+  and the ClickHouse engine in-process through chDB, a fresh store per test;
+* ``containers``: Kafka and ClickHouse server containers from testcontainers, where a Docker
+  engine answers (skipped with that reason where none does).
+
+Every test gets its own topic prefix, so tests share a broker without seeing each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from rlpulse import services
+from rlpulse.settings import Settings
+
+
+def _docker_answers() -> str | None:
+    """None when a Docker engine answers, else why not."""
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return None
+    except Exception as exc:  # no socket, no daemon, no permission
+        return f"no Docker engine answers ({type(exc).__name__}); the testcontainers backend needs one"
+
+
+@pytest.fixture(scope="session", params=["local", "containers"])
+def backend(request) -> Iterator[dict[str, str]]:
+    """Connection settings of one backend: kafka_bootstrap and clickhouse_url ('' = chDB per test)."""
+    if request.param == "local":
+        base = Settings.load()
+        if not services.broker_answers(base.kafka_bootstrap, 10.0):
+            pytest.fail(f"no Kafka broker answers at {base.kafka_bootstrap}: run `rlpulse services up` (make test does)")
+        yield {"name": "local", "kafka_bootstrap": base.kafka_bootstrap, "clickhouse_url": ""}
+        return
+    reason = _docker_answers()
+    if reason:
+        pytest.skip(reason)
+    from testcontainers.community.clickhouse import ClickHouseContainer
+    from testcontainers.community.kafka import KafkaContainer
+
+    # cp-kafka 7.9 is Apache Kafka 3.9.
+    with KafkaContainer("confluentinc/cp-kafka:7.9.0").with_kraft() as kafka, ClickHouseContainer(
+        "clickhouse/clickhouse-server:25.8", username="rlpulse", password="rlpulse", dbname="default"
+    ).with_exposed_ports(8123) as ch:
+        url = f"http://rlpulse:rlpulse@{ch.get_container_host_ip()}:{ch.get_exposed_port(8123)}/rlpulse_{uuid.uuid4().hex[:8]}"
+        yield {"name": "containers", "kafka_bootstrap": kafka.get_bootstrap_server(), "clickhouse_url": url}
+
+
+@pytest.fixture
+def settings(backend: dict[str, str], tmp_path: Path) -> Settings:
+    """Settings for one test: fresh topics (by prefix), a fresh store, short windows."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    clickhouse_url = backend["clickhouse_url"] or f"chdb://{tmp_path / 'clickhouse'}"
+    return dataclasses.replace(
+        Settings.load(),
+        kafka_bootstrap=backend["kafka_bootstrap"],
+        clickhouse_url=clickhouse_url,
+        topic_prefix=prefix,
+        home=tmp_path,
+        partitions=2,
+        window=2.0,
+        allowed_lateness=1.0,
+        heartbeat_interval=3600.0,
+    )
+
+
+@pytest.fixture
+def artifacts_dir(request) -> Path:
+    path = Path(os.environ.get("RLPULSE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
+    path = path / request.node.name.replace("/", "_")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
