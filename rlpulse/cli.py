@@ -97,6 +97,38 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(_settings(args))
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from rlpulse import services
+    from rlpulse.pipeline import SINK_TOPICS, STREAMS_TOPICS, lag
+
+    settings = _settings(args)
+    code = services.main(settings, "status")
+    if code != 0:
+        return code
+    for group, topics in ((settings.app_id, STREAMS_TOPICS), (settings.sink_group, SINK_TOPICS)):
+        try:
+            behind = lag(settings, group, topics)
+        except RuntimeError as exc:  # topics not created yet
+            print(f"consumer group {group}: {exc}")
+            continue
+        print(f"consumer group {group}: lag " + ", ".join(f"{t} {n}" for t, n in behind.items()))
+    return 0
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rlpulse.settings import DLQ_TOPIC
+    from sinks.dlq import read_dead_letters
+    from sinks.report import print_table
+
+    settings = _settings(args)
+    letters = asyncio.run(read_dead_letters(settings.kafka_client_kwargs(), settings.topic(DLQ_TOPIC), args.limit))
+    print_table(["source", "bytes", "reason"], [(d["source"], d["bytes"], d["reason"]) for d in letters])
+    print(f"{len(letters)} dead letters on {settings.topic(DLQ_TOPIC)}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from sinks.clickhouse import open_store
     from sinks.report import print_report
@@ -149,6 +181,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_demo)
 
+    p = sub.add_parser("dlq", help="show the dead letters: source topic/partition/offset and reason")
+    p.add_argument("--limit", type=int, default=100)
+    _add_common(p)
+    p.set_defaults(func=cmd_dlq)
+
+    p = sub.add_parser("status", help="local services and consumer lag of the streams and the sink")
+    _add_common(p)
+    p.set_defaults(func=cmd_status)
+
     p = sub.add_parser("report", help="print figures read from ClickHouse")
     p.add_argument("--project", help="only this project")
     _add_common(p)
@@ -163,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not getattr(args, "verbose", False):
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)  # its INFO lines are for debugging
     try:
         return int(args.func(args) or 0)
     except ValueError as exc:  # bad settings or arguments: one clear line, no traceback

@@ -22,7 +22,7 @@ def _say(line: str) -> None:
 def run_demo(settings: Settings) -> int:
     from producers.simulator import simulate
     from sinks.clickhouse import open_store
-    from sinks.report import print_report
+    from sinks.report import failures_by_cause, print_report
 
     settings = dataclasses.replace(settings, window=DEMO_WINDOW_S, allowed_lateness=DEMO_LATENESS_S)
     started = time.monotonic()
@@ -46,5 +46,16 @@ def run_demo(settings: Settings) -> int:
     with open_store(settings.clickhouse_dsn, owner="rlpulse demo") as store:
         _say(f"report from ClickHouse ({store.url}, database {store.database})")
         print_report(store, project=project)
+        columns, rows = failures_by_cause(store, project)
+    stored = {(r[0], r[2]): r[3] for r in rows}
+    sent: dict[tuple[str, str], int] = {}
+    for (run_id, _term, cause), n in truth.failures.items():
+        sent[(run_id, cause)] = sent.get((run_id, cause), 0) + n
+    mismatches = {k: (sent.get(k, 0), stored.get(k, 0)) for k in set(sent) | set(stored) if sent.get(k, 0) != stored.get(k, 0)}
+    if mismatches:
+        _say(f"MISMATCH between what was sent and ClickHouse (sent, stored): {mismatches}")
+        return 1
+    _say(f"ClickHouse agrees with what the simulator sent: {sum(sent.values())} grader failures in "
+         f"{len({run for run, _ in sent})} runs, every cause accounted for")
     _say(f"done in {time.monotonic() - started:.0f}s")
     return 0

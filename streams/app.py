@@ -37,6 +37,7 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
         web_enabled=False,
         datadir=str(datadir),
         table_cleanup_interval=3600.0,  # our windows are cleaned by the agents, not by Faust
+        broker_credentials=_credentials(settings),
     )
     codec = Codec()
     resolver = SchemaResolver(codec, settings.topic(SCHEMAS_TOPIC), settings.kafka_client_kwargs())
@@ -99,6 +100,24 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
             emitted.add(key)
 
     return app
+
+
+def _credentials(settings: Settings) -> object | None:
+    """Faust's form of the Kafka security settings (None for PLAINTEXT)."""
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return None
+    ssl_context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        ssl_context = create_ssl_context(cafile=settings.kafka_ssl_cafile or None)
+    if protocol == "SSL":
+        return faust.SSLCredentials(ssl_context)
+    return faust.SASLCredentials(
+        username=settings.kafka_sasl_username, password=settings.kafka_sasl_password,
+        mechanism=settings.kafka_sasl_mechanism or "PLAIN", ssl_context=ssl_context,
+    )
 
 
 def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
