@@ -19,8 +19,9 @@ from aiokafka.errors import KafkaError
 from rlpulse.settings import Settings
 from schemas.registry import topic_partitions
 
-SINK_TOPICS = ("spans", "steps", "hardware", "grader-failures", "alerts")
-STREAMS_TOPICS = ("spans",)
+SINK_TOPICS = ("spans", "steps", "hardware", "grader-failures", "alerts", "step-stats", "reward-histograms",
+               "length-histograms")
+STREAMS_TOPICS = ("spans", "steps", "hardware", "grader-failures", "step-partials")
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -37,6 +38,11 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "RLPULSE_STALL_AFTER": f"{settings.stall_after}s",
         "RLPULSE_SILENT_AFTER": f"{settings.silent_after}s",
         "RLPULSE_HEARTBEAT_INTERVAL": f"{settings.heartbeat_interval}s",
+        "RLPULSE_ALERT_GRADER_FAILURE_RATE": str(settings.alerts.grader_failure_rate),
+        "RLPULSE_ALERT_GRADER_MIN_GRADED": str(settings.alerts.grader_min_graded),
+        "RLPULSE_ALERT_CLIPPED_RISING_STEPS": str(settings.alerts.clipped_rising_steps),
+        "RLPULSE_ALERT_REWARD_ZERO_FRACTION": str(settings.alerts.reward_zero_fraction),
+        "RLPULSE_ALERT_XID_QUIET_AFTER": f"{settings.alerts.xid_quiet_after}s",
     })
     return env
 

@@ -32,6 +32,17 @@ def _default_home() -> Path:
 
 
 @dataclasses.dataclass(frozen=True)
+class AlertThresholds:
+    """When the stream alert rules fire (each fires once per episode and resolves once)."""
+
+    grader_failure_rate: float = 0.2  # failures / graded of a term in one window, above this fires
+    grader_min_graded: int = 10  # a window with fewer scores than this never fires
+    clipped_rising_steps: int = 3  # clipped ratio rising over this many consecutive steps fires
+    reward_zero_fraction: float = 0.5  # a step whose rewards are this often <= 0 fires
+    xid_quiet_after: float = 900.0  # an XID alert resolves after this long without a new XID
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     kafka_bootstrap: str = "127.0.0.1:9092"
     clickhouse_url: str = ""  # empty: a chDB store under ``home``
@@ -49,6 +60,7 @@ class Settings:
     kafka_sasl_username: str = ""
     kafka_sasl_password: str = dataclasses.field(default="", repr=False)
     kafka_ssl_cafile: str = ""
+    alerts: AlertThresholds = dataclasses.field(default_factory=AlertThresholds)
 
     # Environment variable -> field, with the parser for its text.
     _ENV = {
@@ -67,6 +79,11 @@ class Settings:
         "RLPULSE_KAFKA_SASL_USERNAME": ("kafka_sasl_username", str),
         "RLPULSE_KAFKA_SASL_PASSWORD": ("kafka_sasl_password", str),
         "RLPULSE_KAFKA_SSL_CAFILE": ("kafka_ssl_cafile", str),
+        "RLPULSE_ALERT_GRADER_FAILURE_RATE": ("alerts.grader_failure_rate", float),
+        "RLPULSE_ALERT_GRADER_MIN_GRADED": ("alerts.grader_min_graded", int),
+        "RLPULSE_ALERT_CLIPPED_RISING_STEPS": ("alerts.clipped_rising_steps", int),
+        "RLPULSE_ALERT_REWARD_ZERO_FRACTION": ("alerts.reward_zero_fraction", float),
+        "RLPULSE_ALERT_XID_QUIET_AFTER": ("alerts.xid_quiet_after", parse_duration),
     }
 
     @classmethod
@@ -74,13 +91,20 @@ class Settings:
         """Build settings from ``flags`` (None values ignored), then ``env``, then defaults."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}
+        alerts: dict[str, object] = {}
         for var, (field, parse) in cls._ENV.items():  # type: ignore[attr-defined]
             raw = env.get(var)
             if raw not in (None, ""):
                 try:
-                    values[field] = parse(raw)
+                    parsed = parse(raw)
                 except ValueError as exc:
                     raise ValueError(f"{var}: {exc}") from None
+                if field.startswith("alerts."):
+                    alerts[field.split(".", 1)[1]] = parsed
+                else:
+                    values[field] = parsed
+        if alerts:
+            values["alerts"] = AlertThresholds(**alerts)  # type: ignore[arg-type]
         for field, value in flags.items():
             if value is not None:
                 values[field] = parse_duration(value) if field in _DURATION_FIELDS else value
@@ -126,6 +150,8 @@ _DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "silent_after",
 
 # Topic short names; every full name is ``<prefix>.<short>``.
 RAW_TOPICS = ("spans", "steps", "hardware")
-DERIVED_TOPICS = ("grader-failures", "step-stats", "reward-histograms", "alerts")
+DERIVED_TOPICS = ("grader-failures", "step-stats", "reward-histograms", "length-histograms", "alerts")
+# Between the streams' own stages: partial step figures, and wall-clock ticks per partition.
+INTERNAL_TOPICS = ("step-partials", "ticks")
 DLQ_TOPIC = "dlq"
 SCHEMAS_TOPIC = "schemas"

@@ -8,13 +8,13 @@ import logging
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from rlpulse.settings import DERIVED_TOPICS, DLQ_TOPIC, RAW_TOPICS, SCHEMAS_TOPIC, Settings
+from rlpulse.settings import DERIVED_TOPICS, DLQ_TOPIC, INTERNAL_TOPICS, RAW_TOPICS, SCHEMAS_TOPIC, Settings
 
 log = logging.getLogger(__name__)
 
 
 def topic_specs(settings: Settings) -> list[NewTopic]:
-    specs = [NewTopic(settings.topic(t), settings.partitions, 1) for t in RAW_TOPICS + DERIVED_TOPICS]
+    specs = [NewTopic(settings.topic(t), settings.partitions, 1) for t in RAW_TOPICS + DERIVED_TOPICS + INTERNAL_TOPICS]
     specs.append(NewTopic(settings.topic(DLQ_TOPIC), 1, 1))
     specs.append(NewTopic(settings.topic(SCHEMAS_TOPIC), 1, 1, topic_configs={"cleanup.policy": "compact"}))
     return specs

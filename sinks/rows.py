@@ -49,6 +49,15 @@ _PLACEMENT_COLUMNS = ("project", "run_id", "attempt", "stage", "time_ns", "role"
                       "index", "hw_id")
 _GRADER_COLUMNS = ("project", "run_id", "attempt", "term", "cause", "window_start_ns", "window_end_ns", "failures",
                    "graded", "source_partition", "emitted_at_ns")
+_STEP_STATS_COLUMNS = (
+    "project", "run_id", "attempt", "step", "rollouts", "clipped", "clipped_ratio", "reward_mean", "reward_std",
+    "reward_min", "reward_max", "reward_zero_fraction", "completion_mean", "completion_min", "completion_max",
+    "samples", "samples_same_reward", "sample_reward_spread_mean", "complete", "emitted_at_ns",
+)
+_REWARD_HIST_COLUMNS = ("project", "run_id", "attempt", "step", "term", "bounds", "bucket_counts", "count", "sum",
+                        "min", "max", "zero_fraction", "emitted_at_ns")
+_LENGTH_HIST_COLUMNS = ("project", "run_id", "attempt", "step", "scale", "zero_count", "offset", "bucket_counts",
+                        "count", "sum", "min", "max", "emitted_at_ns")
 _ALERT_COLUMNS = ("rule", "state", "key", "severity", "summary", "value", "threshold", "project", "run_id", "attempt",
                   "time_ns", "first_seen_ns", "last_seen_ns")
 
@@ -60,6 +69,9 @@ TABLES: dict[str, TableSpec] = {
     "rlpulse.v1.Placement": TableSpec("placements", _PLACEMENT_COLUMNS, _same),
     "rlpulse.v1.GraderFailureWindow": TableSpec("grader_failures", _GRADER_COLUMNS, _same),
     "rlpulse.v1.Alert": TableSpec("alerts", _ALERT_COLUMNS, _same),
+    "rlpulse.v1.StepStats": TableSpec("step_stats", _STEP_STATS_COLUMNS, _same),
+    "rlpulse.v1.RewardHistogram": TableSpec("reward_histograms", _REWARD_HIST_COLUMNS, _same),
+    "rlpulse.v1.CompletionLengthHistogram": TableSpec("completion_length_histograms", _LENGTH_HIST_COLUMNS, _same),
 }
 
 # Topic short name -> the record types allowed on it; anything else is a dead letter.
@@ -69,4 +81,7 @@ TOPIC_RECORDS: dict[str, tuple[str, ...]] = {
     "hardware": ("rlpulse.v1.GpuSample", "rlpulse.v1.Placement"),
     "grader-failures": ("rlpulse.v1.GraderFailureWindow",),
     "alerts": ("rlpulse.v1.Alert",),
+    "step-stats": ("rlpulse.v1.StepStats",),
+    "reward-histograms": ("rlpulse.v1.RewardHistogram",),
+    "length-histograms": ("rlpulse.v1.CompletionLengthHistogram",),
 }

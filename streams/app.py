@@ -1,27 +1,44 @@
-"""The Faust application: agents over the raw topics, timers that emit closed windows.
+"""The Faust application: three agents, wall-clock ticks, and the timers that emit.
 
-Faust's own windowed tables expire by wall clock and may never call ``on_window_close``
-without a later event, so windows live in a plain table and a timer emits them.
-Processing is at-least-once (``concurrency=1``); the ClickHouse writes are idempotent.
+* ``spans`` agent (stage 1): grader outcomes into tumbling windows and rollouts into partial
+  step figures, both per source partition with replayed offsets skipped. A timer emits
+  closed windows to ``grader-failures`` and changed partials to ``step-partials``.
+* ``runs`` agent (stage 2, keyed by run/attempt): merges step partials into step stats and
+  histograms, merges grader windows, detects stalls, evaluates the alert rules.
+* ``hardware`` agent (keyed by GPU): XID and throttle alerts.
+
+Faust's windowed tables expire by wall clock and may never call ``on_window_close``
+without a later event, so windows live in plain tables. A Faust table can only be written
+while an event of the key's partition is processed, so wall-clock logic (stalls, step and
+window completion) runs on tick messages that a timer sends to every partition of the
+``ticks`` topic. Processing is at-least-once (``concurrency=1``): every stage either skips
+replayed offsets or merges by replacement, and the ClickHouse writes are idempotent.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import faust
 
 from rlpulse.settings import SCHEMAS_TOPIC, Settings
 from schemas.codec import Codec, DecodeError
 from schemas.registry import SchemaResolver
+from streams.alerting import AlertBook, grader_failure_rate, hardware, hardware_tick, step_rules
+from streams.merge import GraderWindowMerger, StepMerger
+from streams.stall import StallDetector
+from streams.state import PartitionView
+from streams.steps import StepPartials, histogram_records, length_record, step_stats
 from streams.windows import NS, GraderFailures
 
 log = logging.getLogger(__name__)
 
-EMIT_INTERVAL_S = 0.5
-WRITES = ("GraderFailureWindow", "Alert")  # schemas this app writes
+EMIT_INTERVAL_S = 0.5  # stage 1 emits closed windows and changed partials this often
+TICK_INTERVAL_S = 0.5  # wall-clock ticks to every partition
+SETTLE_S = 1.5  # stage 2 waits this long after the last change before a step or window counts as settled
+WRITES = ("GraderFailureWindow", "StepPartial", "StepStats", "RewardHistogram", "CompletionLengthHistogram", "Alert")
 
 
 def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> faust.App:
@@ -36,70 +53,190 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
         consumer_auto_offset_reset="earliest",
         web_enabled=False,
         datadir=str(datadir),
-        table_cleanup_interval=3600.0,  # our windows are cleaned by the agents, not by Faust
+        table_cleanup_interval=3600.0,  # our state is cleaned by the processors, not by Faust
         broker_credentials=_credentials(settings),
     )
     codec = Codec()
     resolver = SchemaResolver(codec, settings.topic(SCHEMAS_TOPIC), settings.kafka_client_kwargs())
+    out = _Outputs(app, settings, codec)
 
-    def raw_topic(short: str) -> faust.TopicT:
-        return app.topic(settings.topic(short), key_type=bytes, value_type=bytes,
+    def topic(*shorts: str) -> faust.TopicT:
+        return app.topic(*(settings.topic(s) for s in shorts), key_type=bytes, value_type=bytes,
                          key_serializer="raw", value_serializer="raw", partitions=settings.partitions)
 
-    spans = raw_topic("spans")
-    grader_out = raw_topic("grader-failures")
-    schemas_topic = app.topic(settings.topic(SCHEMAS_TOPIC), key_serializer="raw", value_serializer="raw")
+    def table(name: str) -> faust.Table:
+        return app.Table(name, default=None, partitions=settings.partitions)
 
-    windows_table = app.Table("grader-windows", default=None, partitions=settings.partitions)
+    async def decode(event: faust.EventT) -> dict[str, Any] | None:
+        msg = event.message
+        try:
+            return (await resolver.decode(event.value)).record
+        except DecodeError as exc:
+            # The sink dead-letters every undecodable raw message; here it is only skipped.
+            log.warning("skipping undecodable message %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
+            return None
+
+    # -- stage 1: spans ------------------------------------------------------------------
+    windows_table, partials_table = table("grader-windows"), table("step-partials")
     graders = GraderFailures(windows_table, settings.window, settings.allowed_lateness)
-    emitted: set[str] = set()  # in memory only: after a restart, closed windows are emitted again (idempotent)
+    partials = StepPartials(partials_table, retention_s=max(10 * settings.allowed_lateness, 60.0))
+    emitted: set[str] = set()  # closed windows sent; in memory, so a restart sends them again (idempotent)
+    sent: dict[str, int] = {}  # partial -> offset it was last sent at; empty after a restart, so all are re-sent
     last_cleanup: dict[int, int] = {}
 
-    @app.task
-    async def publish_schemas() -> None:
-        for name in WRITES:
-            fut = await schemas_topic.send(key=codec.fingerprint(name), value=codec.canonical(name).encode())
-            await fut
-
-    @app.agent(spans, concurrency=1)
-    async def grader_failures(stream: faust.StreamT) -> None:
+    @app.agent(topic("spans"), concurrency=1)
+    async def spans(stream: faust.StreamT) -> None:
         async for event in stream.events():
-            msg = event.message
-            try:
-                decoded = await resolver.decode(event.value)
-            except DecodeError as exc:
-                # The sink dead-letters every undecodable raw message; here it is only skipped.
-                log.warning("skipping undecodable message %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
+            record = await decode(event)
+            if record is None:
                 continue
-            now = clock()
-            if graders.add(decoded.record, msg.partition, msg.offset, now) == "late":
+            msg, now = event.message, clock()
+            if graders.add(record, msg.partition, msg.offset, now) == "late":
                 log.warning("late grader span dropped (%d so far): %s[%d]@%d", graders.dropped_late, msg.topic, msg.partition, msg.offset)
-            _cleanup(msg.partition, now)
+            if partials.add(record, msg.partition, msg.offset, now) == "late":
+                log.warning("late rollout dropped (%d so far): %s[%d]@%d", partials.dropped_late, msg.topic, msg.partition, msg.offset)
+            if now - last_cleanup.get(msg.partition, 0) >= NS:
+                last_cleanup[msg.partition] = now
+                _cleanup_stage1(msg.partition, now)
 
-    def _cleanup(partition: int, now: int) -> None:
-        # Deleting writes a changelog tombstone to the current event's partition, so only keys of
-        # that partition are deleted, and only after the timer emitted them.
-        if now - last_cleanup.get(partition, 0) < NS:
-            return
-        last_cleanup[partition] = now
+    def _cleanup_stage1(partition: int, now: int) -> None:
+        # Only keys of the event's partition, and only what the timer has already sent.
         for key, value in graders.closed(now):
             if value["partition"] == partition and key in emitted:
                 del windows_table[key]
                 emitted.discard(key)
+        for key in partials.expired(now, partition):
+            if sent.get(key) == partials_table[key]["offset"]:
+                partials.forget(key)
+                sent.pop(key, None)
 
     @app.timer(interval=EMIT_INTERVAL_S)
-    async def emit_closed_windows() -> None:
+    async def emit_stage1() -> None:
         now = clock()
         for key, value in graders.closed(now):
-            if key in emitted:
-                continue
-            for record in graders.records(value, now):
-                delivery = await grader_out.send(key=f"{record['run_id']}/{record['attempt']}".encode(),
-                                                 value=codec.encode("GraderFailureWindow", record))
-                await delivery  # delivered before the window may be deleted from the table
-            emitted.add(key)
+            if key not in emitted:
+                for record in graders.records(value, now):
+                    await out.send("grader-failures", record, "GraderFailureWindow")
+                emitted.add(key)
+        for key, value in sorted(partials_table.items()):
+            if value is not None and sent.get(key) != value["offset"]:
+                await out.send("step-partials", StepPartials.record(value, now), "StepPartial")
+                sent[key] = value["offset"]
+
+    # -- wall-clock ticks ----------------------------------------------------------------
+    ticks = topic("ticks")
+
+    @app.timer(interval=TICK_INTERVAL_S)
+    async def tick() -> None:
+        for partition in range(settings.partitions):
+            await ticks.send(key=b"tick", value=b"", partition=partition)
+
+    # -- stage 2: runs -------------------------------------------------------------------
+    merge_table, stall_table, rules_table, alerts_table = table("step-merge"), table("stalls"), table("step-rules"), table("run-alerts")
+    thresholds = settings.alerts
+    lateness = max(settings.allowed_lateness, SETTLE_S)
+    retention = max(10 * settings.allowed_lateness, 60.0)
+
+    class RunPartition:
+        """The processors of one partition of the run-keyed topics, over that partition's state."""
+
+        def __init__(self, p: int):
+            self.book = AlertBook(PartitionView(alerts_table, p))
+            self.steps = StepMerger(PartitionView(merge_table, p), SETTLE_S, lateness, retention)
+            self.windows = GraderWindowMerger(PartitionView(merge_table, p), SETTLE_S, retention)
+            # Ages count from no earlier than this start, so our own downtime is not a stalled job.
+            self.stalls = StallDetector(PartitionView(stall_table, p), self.book, settings.stall_after,
+                                        settings.silent_after, resumed_ns=started_ns)
+            self.rules = PartitionView(rules_table, p)
+
+    run_parts: dict[int, RunPartition] = {}
+    started_ns = clock()
+
+    @app.agent(topic("steps", "step-partials", "grader-failures", "ticks"), concurrency=1)
+    async def runs(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            msg, now = event.message, clock()
+            part = run_parts.setdefault(msg.partition, RunPartition(msg.partition))
+            short = msg.topic[len(settings.topic_prefix) + 1:]
+            alerts: list[dict[str, Any]] = []
+            if short == "ticks":
+                alerts += part.stalls.tick(now)
+                for merged, first in part.steps.tick(now):
+                    stats = step_stats(merged, complete=True, emitted_at_ns=now)
+                    await out.send("step-stats", stats, "StepStats")
+                    for record in histogram_records(merged, now):
+                        await out.send("reward-histograms", record, "RewardHistogram")
+                    await out.send("length-histograms", length_record(merged, now), "CompletionLengthHistogram")
+                    if first:
+                        alerts += step_rules(part.book, part.rules, stats, thresholds, now)
+                for window in part.windows.tick(now):
+                    alerts += grader_failure_rate(part.book, window, thresholds, now)
+            else:
+                record = await decode(event)
+                if record is None:
+                    continue
+                if short == "steps":
+                    part.steps.on_step_event(record)
+                    alerts += part.stalls.observe(record, now)
+                elif short == "step-partials":
+                    part.steps.on_partial(record, now)
+                elif short == "grader-failures":
+                    part.windows.on_row(record, now)
+            for alert in alerts:
+                await out.alert(alert)
+
+    # -- hardware ------------------------------------------------------------------------
+    hw_state_table, hw_alerts_table = table("gpus"), table("gpu-alerts")
+
+    @app.agent(topic("hardware", "ticks"), concurrency=1)
+    async def gpus(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            msg, now = event.message, clock()
+            book = AlertBook(PartitionView(hw_alerts_table, msg.partition))
+            state = PartitionView(hw_state_table, msg.partition)
+            if msg.topic == settings.topic("ticks"):
+                alerts = hardware_tick(book, state, thresholds, now)
+            else:
+                record = await decode(event)
+                if record is None or "throttle_reasons" not in record:  # placements carry no figures
+                    continue
+                alerts = hardware(book, state, record, thresholds, now)
+            for alert in alerts:
+                await out.alert(alert)
+
+    @app.task
+    async def publish_schemas() -> None:
+        await out.publish_schemas()
 
     return app
+
+
+class _Outputs:
+    """Encodes and sends records to the derived topics, waiting for each delivery."""
+
+    def __init__(self, app: faust.App, settings: Settings, codec: Codec):
+        self._codec = codec
+        self._settings = settings
+        self._topics = {
+            short: app.topic(settings.topic(short), key_serializer="raw", value_serializer="raw")
+            for short in ("grader-failures", "step-partials", "step-stats", "reward-histograms", "length-histograms",
+                          "alerts", SCHEMAS_TOPIC)
+        }
+
+    async def send(self, short: str, record: dict[str, Any], schema: str) -> None:
+        key = f"{record['run_id']}/{record['attempt']}".encode()
+        delivery = await self._topics[short].send(key=key, value=self._codec.encode(schema, record))
+        await delivery  # delivered before the state that produced it may be deleted
+
+    async def alert(self, alert: dict[str, Any]) -> None:
+        log.info("alert %s %s %s: %s", alert["rule"], alert["state"], alert["key"], alert["summary"])
+        delivery = await self._topics["alerts"].send(key=alert["key"].encode(), value=self._codec.encode("Alert", alert))
+        await delivery
+
+    async def publish_schemas(self) -> None:
+        for name in WRITES:
+            delivery = await self._topics[SCHEMAS_TOPIC].send(key=self._codec.fingerprint(name), value=self._codec.canonical(name).encode())
+            await delivery
 
 
 def _credentials(settings: Settings) -> object | None:

@@ -1,0 +1,246 @@
+"""Alert rules and their once-per-episode bookkeeping, with state in any mutable mapping.
+
+An *episode* runs from the first FIRING record of a (rule, key) to its RESOLVED record; in
+between, a rule that still holds produces nothing. After RESOLVED the next firing opens a new
+episode. As in ``streams.windows``, state lives in mappings passed in (Faust tables in
+production, plain dicts in tests), values are JSON-able dicts that are replaced, never mutated
+in place, and time comes in as ``now_ns`` (wall clock of the stream processor).
+
+Severity: ``xid`` and ``stalled_run`` are ``critical`` (a GPU fault or a job that no longer
+makes progress burns the whole allocation); every other rule is ``warning`` (a quality or
+telemetry signal that someone should look at, but the job is still training). ``silent_run`` is
+a warning because silence may come from the exporter or the network as well as from the job.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, MutableMapping
+
+from rlpulse.settings import AlertThresholds
+
+NS = 1_000_000_000
+SLOWDOWN_BIT = 0x8  # NVML clocks event reason: hardware slowdown (seed 001, "GPU health")
+
+SEVERITY = {
+    "stalled_run": "critical",
+    "silent_run": "warning",
+    "grader_failure_rate": "warning",
+    "xid": "critical",
+    "hw_slowdown": "warning",
+    "clipped_ratio_rising": "warning",
+    "reward_collapse": "warning",
+}
+
+
+class AlertBook:
+    """Which (rule, key) episodes are firing; turns rule outcomes into Alert records.
+
+    Only firing episodes are stored: resolving deletes the entry, so the mapping holds no more
+    than the alerts open right now.
+    """
+
+    def __init__(self, state: MutableMapping[str, dict]):
+        self.state = state
+
+    @staticmethod
+    def _key(rule: str, key: str) -> str:
+        return json.dumps([rule, key], separators=(",", ":"))
+
+    def fire(self, rule: str, key: str, *, now_ns: int, value: float, threshold: float, summary: str,
+             severity: str = "warning", project: str = "", run_id: str = "", attempt: int = 0) -> dict | None:
+        """The FIRING record when this opens an episode; None while the episode is already open.
+
+        An open episode still gets ``last_seen_ns`` and ``value`` updated, so the RESOLVED record
+        says when the condition was last seen to hold.
+        """
+        book_key = self._key(rule, key)
+        current = self.state.get(book_key)
+        if current is not None:
+            self.state[book_key] = {**current, "last_seen_ns": now_ns, "value": float(value)}
+            return None
+        entry = {
+            "rule": rule, "key": key, "severity": severity, "summary": summary, "value": float(value),
+            "threshold": float(threshold), "project": project, "run_id": run_id, "attempt": int(attempt),
+            "first_seen_ns": now_ns, "last_seen_ns": now_ns,
+        }
+        self.state[book_key] = entry
+        return _record(entry, "FIRING", now_ns)
+
+    def resolve(self, rule: str, key: str, *, now_ns: int, value: float, summary: str) -> dict | None:
+        """The RESOLVED record (same ``first_seen_ns``, ``last_seen_ns`` = now) if firing, else None."""
+        book_key = self._key(rule, key)
+        current = self.state.get(book_key)
+        if current is None:
+            return None
+        del self.state[book_key]
+        entry = {**current, "value": float(value), "summary": summary, "last_seen_ns": now_ns}
+        return _record(entry, "RESOLVED", now_ns)
+
+    def is_firing(self, rule: str, key: str) -> bool:
+        return self._key(rule, key) in self.state
+
+    def firing(self, rule: str | None = None) -> list[dict]:
+        """Open episodes (all, or of one rule), in book-key order."""
+        return [v for _, v in sorted(self.state.items()) if rule is None or v["rule"] == rule]
+
+
+def _record(entry: dict, state: str, now_ns: int) -> dict:
+    """An Alert record: exactly the fields of schemas/alert.avsc, in its order."""
+    return {
+        "rule": entry["rule"], "state": state, "key": entry["key"], "severity": entry["severity"],
+        "summary": entry["summary"], "value": entry["value"], "threshold": entry["threshold"],
+        "project": entry["project"], "run_id": entry["run_id"], "attempt": entry["attempt"],
+        "time_ns": now_ns, "first_seen_ns": entry["first_seen_ns"], "last_seen_ns": entry["last_seen_ns"],
+    }
+
+
+def _emit(*records: dict | None) -> list[dict]:
+    return [r for r in records if r is not None]
+
+
+def grader_failure_rate(book: AlertBook, window: dict[str, Any], thresholds: AlertThresholds,
+                        now_ns: int) -> list[dict]:
+    """Failure rate of one closed window of one term (totals over causes and partitions).
+
+    A window with fewer than ``grader_min_graded`` scores says nothing: it neither fires nor
+    resolves. Windows are expected in close order, which is start order (same size for all).
+    """
+    graded, failures = window["graded"], window["failures"]
+    if graded <= 0 or graded < thresholds.grader_min_graded:
+        return []
+    rate = failures / graded
+    key = f"{window['run_id']}/{window['attempt']}/{window['term']}"
+    limit = thresholds.grader_failure_rate
+    if rate > limit:
+        return _emit(book.fire(
+            "grader_failure_rate", key, now_ns=now_ns, value=rate, threshold=limit,
+            summary=f"term {window['term']}: {failures} of {graded} scores failed ({rate:.0%}) "
+                    f"in the window from {window['window_start_ns']}",
+            severity=SEVERITY["grader_failure_rate"], project=window["project"], run_id=window["run_id"],
+            attempt=window["attempt"]))
+    return _emit(book.resolve(
+        "grader_failure_rate", key, now_ns=now_ns, value=rate,
+        summary=f"term {window['term']}: failure rate back to {rate:.0%} ({failures} of {graded})"))
+
+
+def hardware(book: AlertBook, state: MutableMapping[str, dict], sample: dict[str, Any],
+             thresholds: AlertThresholds, now_ns: int) -> list[dict]:
+    """XID and hardware-slowdown rules for one GpuSample; ``state`` is keyed by ``hw_id``.
+
+    The XID count is published from zero, so the first sample with ``xid_errors > 0`` fires. A
+    count below the one seen before (the poller restarted and counts from zero again) is taken
+    as the new baseline without firing. The quiet period runs from the processing time at which
+    the last increase was seen.
+    """
+    hw_id = sample["hw_id"]
+    ident = {"project": sample.get("project", ""), "run_id": sample.get("run_id", ""),
+             "attempt": sample.get("attempt", 0)}
+    seen = state.get(hw_id) or {"xid_errors": 0, "xid_last": None, "xid_increased_ns": None}
+    count = int(sample.get("xid_errors") or 0)
+    out: list[dict | None] = []
+    new = {**seen, **ident, "xid_errors": count}
+    if count > seen["xid_errors"]:
+        new["xid_last"] = sample.get("xid_last")
+        new["xid_increased_ns"] = now_ns
+        code = new["xid_last"]
+        out.append(book.fire(
+            "xid", hw_id, now_ns=now_ns, value=float(code or 0), threshold=0.0,
+            summary=f"XID {code} on GPU {hw_id} (index {sample.get('index')}, host {sample.get('host', '')}); "
+                    f"{count} XIDs since the count started",
+            severity=SEVERITY["xid"], **ident))
+    if new != seen:  # most samples change nothing; skip the changelog write for them
+        state[hw_id] = new
+    out.extend(_xid_quiet(book, hw_id, new, thresholds, now_ns))
+
+    reasons = int(sample.get("throttle_reasons") or 0)
+    if reasons & SLOWDOWN_BIT:
+        out.append(book.fire(
+            "hw_slowdown", hw_id, now_ns=now_ns, value=float(reasons), threshold=float(SLOWDOWN_BIT),
+            summary=f"GPU {hw_id} clocks held down by hardware slowdown (throttle reasons {reasons:#x})",
+            severity=SEVERITY["hw_slowdown"], **ident))
+    else:
+        out.append(book.resolve(
+            "hw_slowdown", hw_id, now_ns=now_ns, value=float(reasons),
+            summary=f"GPU {hw_id} no longer in hardware slowdown (throttle reasons {reasons:#x})"))
+    return _emit(*out)
+
+
+def hardware_tick(book: AlertBook, state: MutableMapping[str, dict], thresholds: AlertThresholds,
+                  now_ns: int) -> list[dict]:
+    """Wall-clock check: resolve XID alerts whose GPU has had no new XID for ``xid_quiet_after``."""
+    out: list[dict] = []
+    for hw_id, seen in sorted(state.items()):
+        out.extend(_xid_quiet(book, hw_id, seen, thresholds, now_ns))
+    return out
+
+
+def _xid_quiet(book: AlertBook, hw_id: str, seen: dict, thresholds: AlertThresholds, now_ns: int) -> list[dict]:
+    since = seen.get("xid_increased_ns")
+    if since is None or now_ns - since < thresholds.xid_quiet_after * NS or not book.is_firing("xid", hw_id):
+        return []
+    return _emit(book.resolve(
+        "xid", hw_id, now_ns=now_ns, value=float(seen.get("xid_last") or 0),
+        summary=f"no new XID on GPU {hw_id} for {thresholds.xid_quiet_after:g}s"))
+
+
+def step_rules(book: AlertBook, state: MutableMapping[str, dict], step_stats: dict[str, Any],
+               thresholds: AlertThresholds, now_ns: int) -> list[dict]:
+    """Clipped-ratio-rising and reward-collapse rules for one per-step stats update.
+
+    ``state`` is keyed ``run_id/attempt`` and keeps the latest step, its clipped ratio and the
+    run of increases ending there, plus the same for the step before it. A re-sent update of the
+    latest step is measured against the step before it again, so it never counts twice; an
+    update of an older step is ignored (it would rewrite history the rules already acted on).
+    Steps are consecutive in arrival order: a gap in step numbers is not a break in the run.
+    """
+    run_id, attempt = step_stats["run_id"], step_stats["attempt"]
+    key = f"{run_id}/{attempt}"
+    ident = {"project": step_stats.get("project", ""), "run_id": run_id, "attempt": attempt}
+    step = step_stats["step"]
+    ratio = step_stats.get("clipped_ratio")
+    seen = state.get(key)
+    if seen is not None and step < seen["step"]:
+        return []
+    if seen is not None and step == seen["step"]:
+        prev_ratio, prev_rises = seen["prev_ratio"], seen["prev_rises"]
+    elif seen is not None:
+        prev_ratio, prev_rises = seen["ratio"], seen["rises"]
+    else:
+        prev_ratio, prev_rises = None, 0
+    if ratio is None:  # no rollouts in this step: the run of increases neither grows nor breaks
+        rises, ratio = prev_rises, prev_ratio
+    else:
+        rises = prev_rises + 1 if prev_ratio is not None and ratio > prev_ratio else 0
+    state[key] = {"step": step, "ratio": ratio, "rises": rises, "prev_ratio": prev_ratio, "prev_rises": prev_rises}
+
+    out: list[dict | None] = []
+    k = thresholds.clipped_rising_steps
+    if rises >= k:
+        out.append(book.fire(
+            "clipped_ratio_rising", key, now_ns=now_ns, value=float(ratio), threshold=float(k),
+            summary=f"clipped ratio rose {rises} steps in a row to {ratio:.3f} at step {step}",
+            severity=SEVERITY["clipped_ratio_rising"], **ident))
+    elif rises == 0 and ratio is not None:
+        out.append(book.resolve(
+            "clipped_ratio_rising", key, now_ns=now_ns, value=float(ratio),
+            summary=f"clipped ratio stopped rising at step {step} ({ratio:.3f})"))
+
+    zero = step_stats.get("reward_zero_fraction")
+    if zero is not None:
+        limit = thresholds.reward_zero_fraction
+        if zero > limit:
+            out.append(book.fire(
+                "reward_collapse", key, now_ns=now_ns, value=float(zero), threshold=limit,
+                summary=f"{zero:.0%} of rewards at step {step} are <= 0",
+                severity=SEVERITY["reward_collapse"], **ident))
+        else:
+            out.append(book.resolve(
+                "reward_collapse", key, now_ns=now_ns, value=float(zero),
+                summary=f"rewards <= 0 down to {zero:.0%} at step {step}"))
+    return _emit(*out)
+
+
+def forget_run(state: MutableMapping[str, dict], run_id: str, attempt: int) -> None:
+    """Drop the step-rule state of an attempt that ended (the wiring calls it on RUN_END)."""
+    state.pop(f"{run_id}/{attempt}", None)

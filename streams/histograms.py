@@ -1,0 +1,257 @@
+"""Reward and completion-length histograms (DESIGN.md "Figures the streams compute", seed 001).
+
+Their state lives in Faust tables, whose values travel through a changelog topic, so each
+histogram round-trips through plain JSON types with ``to_dict`` / ``from_dict``. Standard
+library only: the unit tests and the SDK side must not need Faust or Kafka.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+REWARD_BOUNDS: tuple[float, ...] = (0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1, 2, 5)
+REWARD_BUCKETS = len(REWARD_BOUNDS) + 1
+# Rewards are weighted sums of terms, so a reward meant to be 0.3 often arrives as
+# 0.30000000000000004; a value this close to a bound is treated as that bound.
+BOUND_TOLERANCE = 1e-9
+
+MAX_SCALE = 20  # OpenTelemetry's default and largest useful scale
+MAX_SIZE = 160  # OpenTelemetry's default number of buckets
+
+
+def _finite(x: float) -> float:
+    x = float(x)
+    if not math.isfinite(x):
+        raise ValueError(f"histogram value must be finite, got {x!r}")
+    return x
+
+
+def _either(pick: Callable[[float, float], float], a: Optional[float], b: Optional[float]) -> Optional[float]:
+    """``pick(a, b)`` where both are set, else whichever is set (min/max of possibly empty sides)."""
+    if a is None:
+        return b
+    return a if b is None else pick(a, b)
+
+
+def reward_bucket(x: float) -> int:
+    """Index (0..14) of the reward bucket holding ``x``.
+
+    Bucket i holds ``REWARD_BOUNDS[i-1] < x <= REWARD_BOUNDS[i]``; bucket 0 holds every
+    ``x <= 0`` (negative rewards too) and bucket 14 every ``x > 5``. A value within
+    ``BOUND_TOLERANCE`` (1e-9) of a bound counts as equal to that bound, so 0.1 + 0.2
+    (0.30000000000000004) falls in (0.2, 0.3] and 1e-10 counts as a zero reward. Raises
+    ValueError for NaN and infinities.
+    """
+    # bisect_left finds the first bound b with x - tol <= b, i.e. x <= b within tolerance.
+    return bisect_left(REWARD_BOUNDS, _finite(x) - BOUND_TOLERANCE)
+
+
+@dataclass
+class RewardHistogram:
+    """Fixed-bucket reward histogram for one (run, attempt, step, term).
+
+    ``zeros`` counts rewards in bucket 0 (``x <= 0``). ``min`` and ``max`` are None when empty.
+    """
+
+    counts: list[int] = field(default_factory=lambda: [0] * REWARD_BUCKETS)
+    count: int = 0
+    sum: float = 0.0
+    min: Optional[float] = None
+    max: Optional[float] = None
+    zeros: int = 0
+
+    def add(self, x: float) -> None:
+        i = reward_bucket(x)
+        x = float(x)
+        self.counts[i] += 1
+        self.count += 1
+        self.sum += x
+        self.min = _either(min, self.min, x)
+        self.max = _either(max, self.max, x)
+        if i == 0:
+            self.zeros += 1
+
+    def merge(self, other: RewardHistogram) -> RewardHistogram:
+        """A new histogram holding both sides' rewards; neither side changes."""
+        return RewardHistogram(counts=[a + b for a, b in zip(self.counts, other.counts)],
+                               count=self.count + other.count, sum=self.sum + other.sum,
+                               min=_either(min, self.min, other.min), max=_either(max, self.max, other.max),
+                               zeros=self.zeros + other.zeros)
+
+    @property
+    def zero_fraction(self) -> float:
+        """Share of rewards at or below 0; 0.0 when empty."""
+        return self.zeros / self.count if self.count else 0.0
+
+    @property
+    def mean(self) -> float:
+        """Mean reward; 0.0 when empty, like ``zero_fraction``."""
+        return self.sum / self.count if self.count else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"counts": list(self.counts), "count": self.count, "sum": self.sum,
+                "min": self.min, "max": self.max, "zeros": self.zeros}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RewardHistogram:
+        counts = [int(c) for c in d["counts"]]
+        if len(counts) != REWARD_BUCKETS:
+            raise ValueError(f"reward histogram needs {REWARD_BUCKETS} counts, got {len(counts)}")
+        return cls(counts=counts, count=int(d["count"]), sum=float(d["sum"]), min=d["min"],
+                   max=d["max"], zeros=int(d["zeros"]))
+
+
+def exp_index(value: float, scale: int) -> int:
+    """Index of the OpenTelemetry base-2 exponential bucket holding ``value`` > 0.
+
+    At scale s, base = 2**(2**-s) and bucket i holds (base**i, base**(i+1)]. Exact powers
+    of two are handled exactly (2**e sits at the top of bucket (e << s) - 1 for s >= 0);
+    scales <= 0 use the exponent mapping, scales > 0 the logarithm mapping.
+    """
+    mantissa, exp = math.frexp(value)  # value = mantissa * 2**exp with 0.5 <= mantissa < 1
+    ieee_exp = exp - 1  # value lies in [2**ieee_exp, 2**(ieee_exp + 1))
+    if mantissa == 0.5:
+        return (ieee_exp << scale) - 1 if scale >= 0 else (ieee_exp - 1) >> -scale
+    if scale <= 0:
+        return ieee_exp >> -scale
+    index = math.ceil(math.log(value) * (2**scale / math.log(2))) - 1
+    # log() can be off by an ulp next to a power of two; the bucket must still lie inside
+    # the power-of-two interval, which keeps downscaling consistent with the scale-0 index.
+    return min(max(index, ieee_exp << scale), ((ieee_exp + 1) << scale) - 1)
+
+
+def _downscale_needed(lo: int, hi: int, max_size: int) -> int:
+    """Smallest k >= 0 such that indices lo..hi fit in max_size buckets after ``>> k``."""
+    k = 0
+    while (hi >> k) - (lo >> k) + 1 > max_size:
+        k += 1
+    return k
+
+
+@dataclass
+class ExpHistogram:
+    """OpenTelemetry base-2 exponential histogram for non-negative values (completion lengths).
+
+    Positive values go to buckets ``offset .. offset + len(counts) - 1`` at ``scale``; zeros go
+    to ``zero_count``. ``count`` includes zeros. ``counts`` is trimmed: its first and last
+    entries are non-zero unless it is empty. The scale starts at ``MAX_SCALE`` (pass
+    ``scale=`` to start lower) and drops only as far as needed to keep the populated span
+    within ``max_size`` buckets, so the final scale does not depend on insertion order.
+    """
+
+    scale: int = MAX_SCALE
+    zero_count: int = 0
+    offset: int = 0
+    counts: list[int] = field(default_factory=list)
+    count: int = 0
+    sum: float = 0.0
+    min: Optional[float] = None
+    max: Optional[float] = None
+    max_size: int = MAX_SIZE
+
+    def __post_init__(self) -> None:
+        # Two buckets always suffice at a low enough scale; fewer never can.
+        if self.max_size < 2:
+            raise ValueError(f"max_size must be at least 2, got {self.max_size}")
+
+    def add(self, value: float) -> None:
+        v = _finite(value)
+        if v < 0:
+            raise ValueError(f"exponential histogram takes non-negative values, got {v!r}")
+        self.count += 1
+        self.sum += v
+        self.min = _either(min, self.min, v)
+        self.max = _either(max, self.max, v)
+        if v == 0:
+            self.zero_count += 1
+            return
+        index = exp_index(v, self.scale)
+        if not self.counts:
+            self.offset, self.counts = index, [1]
+            return
+        last = self.offset + len(self.counts) - 1
+        k = _downscale_needed(min(self.offset, index), max(last, index), self.max_size)
+        if k:
+            self._rebucket(self.scale - k)
+            index, last = index >> k, last >> k
+        if index < self.offset:
+            self.counts[:0] = [0] * (self.offset - index)
+            self.offset = index
+        elif index > last:
+            self.counts.extend([0] * (index - last))
+        self.counts[index - self.offset] += 1
+
+    def _rebucket(self, scale: int) -> None:
+        """Move the buckets down to ``scale``: bucket i becomes i >> (old scale - scale)."""
+        k = self.scale - scale
+        offset = self.offset >> k
+        counts = [0] * (((self.offset + len(self.counts) - 1) >> k) - offset + 1)
+        for i, c in enumerate(self.counts):
+            counts[((self.offset + i) >> k) - offset] += c
+        self.scale, self.offset, self.counts = scale, offset, counts
+
+    def merge(self, other: ExpHistogram) -> ExpHistogram:
+        """A new histogram holding both sides' values, at the larger scale that fits both.
+
+        Both sides are brought to the smaller of the two scales, then lower if the combined
+        span exceeds max_size (the smaller of the two). Commutative; neither side changes.
+        """
+        sides = [h for h in (self, other) if h.counts]
+        out = ExpHistogram(scale=min(self.scale, other.scale), max_size=min(self.max_size, other.max_size),
+                           zero_count=self.zero_count + other.zero_count, count=self.count + other.count,
+                           sum=self.sum + other.sum, min=_either(min, self.min, other.min),
+                           max=_either(max, self.max, other.max))
+        if not sides:
+            return out
+        lo = min(h.offset >> (h.scale - out.scale) for h in sides)
+        hi = max((h.offset + len(h.counts) - 1) >> (h.scale - out.scale) for h in sides)
+        k = _downscale_needed(lo, hi, out.max_size)
+        out.scale, out.offset, last = out.scale - k, lo >> k, hi >> k
+        out.counts = [0] * (last - out.offset + 1)
+        for h in sides:
+            for i, c in enumerate(h.counts):
+                out.counts[((h.offset + i) >> (h.scale - out.scale)) - out.offset] += c
+        return out
+
+    def quantile(self, q: float) -> float:
+        """Estimate the q-quantile (0 <= q <= 1) from the buckets, by nearest rank.
+
+        The value of rank max(1, ceil(q * count)) is located in the zero bucket (estimate 0.0)
+        or in bucket i, whose estimate is its geometric midpoint base**(i + 0.5), clamped to
+        [min, max]: within a factor sqrt(base) of the true value (about 3e-7 relative at
+        scale 20, 19 % at scale 1). The first and last ranks return min and max exactly.
+        Raises ValueError when empty or when q is outside [0, 1].
+        """
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be within [0, 1], got {q!r}")
+        if self.count == 0 or self.min is None or self.max is None:
+            raise ValueError("quantile of an empty histogram")
+        rank = max(1, math.ceil(q * self.count))
+        if rank == 1:
+            return self.min
+        if rank == self.count:
+            return self.max
+        seen = self.zero_count
+        if rank <= seen:
+            return 0.0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if rank <= seen:
+                # Cap the exponent so the top float buckets do not overflow before clamping.
+                mid = 2.0 ** min((self.offset + i + 0.5) / 2.0**self.scale, 1023.0)
+                return min(max(mid, self.min), self.max)
+        return self.max  # unreachable while count matches the buckets
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "zero_count": self.zero_count, "offset": self.offset,
+                "counts": list(self.counts), "count": self.count, "sum": self.sum,
+                "min": self.min, "max": self.max, "max_size": self.max_size}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExpHistogram:
+        return cls(scale=int(d["scale"]), zero_count=int(d["zero_count"]), offset=int(d["offset"]),
+                   counts=[int(c) for c in d["counts"]], count=int(d["count"]), sum=float(d["sum"]),
+                   min=d["min"], max=d["max"], max_size=int(d.get("max_size", MAX_SIZE)))

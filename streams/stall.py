@@ -1,0 +1,168 @@
+"""Stalled and silent training runs, from the step topic (seed 001, "Alert on a stalled run").
+
+A job exports its ``step_count`` at every heartbeat while it runs. Per (run, attempt):
+
+- ``stalled_run`` fires when the count has not increased for ``stall_after`` while the job still
+  reports (its last report is less than ``silent_after`` old); it resolves when the count
+  increases. A run that never completes its first step counts from its first report, so a job
+  stuck at start-up (say, in a collective's set-up) stalls too.
+- ``silent_run`` fires when no report at all came for ``silent_after``; it resolves when reports
+  resume. Going silent does not resolve an open ``stalled_run``: the job has still made no
+  progress, and a RESOLVED record would read as "fixed". Silence only stops a *new* stall firing.
+- ``RUN_END`` ends tracking: open alerts of that attempt resolve ("run ended") and its state is
+  dropped. The first report of a higher attempt of the same run ends the lower ones the same way
+  ("superseded"): a resumed run is a new attempt, and the old one will never report again.
+- Each attempt is its own series and starts from its own count (0), inheriting no alert. A step
+  repeated after a restore still raises the job's ``step_count``, so it is progress, not a stall.
+
+Time is processing time (``now_ns`` when the event is observed or the timer ticks), not the
+events' own ``time_ns``: a stalled or dead job sends nothing new whose time could move the clock,
+and the job's clock is not ours (skew). The count is compared by maximum, so an event that arrives
+out of order cannot lower it.
+
+Tracked attempts are capped (``max_runs``, default 10,000): a new attempt beyond the cap evicts the
+one whose last report is oldest, resolves its open alerts with a summary saying tracking stopped,
+and counts it in ``evicted``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, MutableMapping
+
+from streams.alerting import SEVERITY, AlertBook
+
+NS = 1_000_000_000
+MAX_RUNS = 10_000
+
+
+class StallDetector:
+    """Stall and silence per ``run_id/attempt``; ``state`` values are JSON-able dicts.
+
+    ``resumed_ns`` (optional) is when this processor (re)started: ages are measured from no
+    earlier than it, so time the processor itself was down, or the backlog it has not read yet,
+    never looks like a stalled or silent job. The price is that a stall already under way when
+    the processor restarts is reported up to ``stall_after`` later.
+    """
+
+    def __init__(self, state: MutableMapping[str, dict], book: AlertBook, stall_after_s: float,
+                 silent_after_s: float, *, max_runs: int = MAX_RUNS, resumed_ns: int | None = None):
+        self.state = state
+        self.book = book
+        self.stall_ns = int(stall_after_s * NS)
+        self.silent_ns = int(silent_after_s * NS)
+        self.max_runs = max_runs
+        self.resumed_ns = resumed_ns
+        self.evicted = 0
+
+    @staticmethod
+    def key(run_id: str, attempt: int) -> str:
+        return f"{run_id}/{attempt}"
+
+    def observe(self, event: dict[str, Any], now_ns: int) -> list[dict]:
+        """Take one Step event; return the Alert records it causes (FIRING or RESOLVED)."""
+        key = self.key(event["run_id"], event["attempt"])
+        if event["type"] == "RUN_END":
+            return self._end(key, now_ns, f"run {event['run_id']} attempt {event['attempt']} ended")
+        out: list[dict] = []
+        count = int(event["step_count"])
+        seen = self.state.get(key)
+        if seen is None:
+            out += self._supersede(event, now_ns)
+            out += self._make_room(now_ns)
+            value = {"project": event.get("project", ""), "run_id": event["run_id"], "attempt": event["attempt"],
+                     "step_count": count, "increased_ns": now_ns, "seen_ns": now_ns}
+        else:
+            value = {**seen, "seen_ns": now_ns}
+            if count > seen["step_count"]:
+                value.update(step_count=count, increased_ns=now_ns)
+                out += self._resolve(key, "stalled_run", now_ns, self._age(seen["increased_ns"], now_ns),
+                                     f"{self._name(seen)}: step_count rose to {count}")
+            # Reports resumed: whatever the silence was, it is over.
+            out += self._resolve(key, "silent_run", now_ns, self._age(seen["seen_ns"], now_ns),
+                                 f"{self._name(seen)}: reporting again")
+        self.state[key] = value
+        out += self._check_stall(key, value, now_ns)
+        return out
+
+    def tick(self, now_ns: int) -> list[dict]:
+        """Wall-clock check of every tracked attempt (a timer calls it every second).
+
+        Open episodes are left alone here, so a quiet second writes nothing to the tables;
+        ``last_seen_ns`` of a stall moves with the heartbeats that ``observe`` sees.
+        """
+        out: list[dict] = []
+        for key, value in sorted(self.state.items()):
+            silent_for = self._age(value["seen_ns"], now_ns)
+            if silent_for >= self.silent_ns:
+                if self.book.is_firing("silent_run", key):
+                    continue
+                out += self._fire(key, value, "silent_run", now_ns, silent_for, self.silent_ns,
+                                  f"{self._name(value)}: no report for {silent_for / NS:.0f}s "
+                                  f"(last step_count {value['step_count']})")
+            elif not self.book.is_firing("stalled_run", key):
+                out += self._check_stall(key, value, now_ns)
+        return out
+
+    @property
+    def tracked(self) -> int:
+        return len(self.state)
+
+    def _check_stall(self, key: str, value: dict, now_ns: int) -> list[dict]:
+        flat_for = self._age(value["increased_ns"], now_ns)
+        still_reports = self._age(value["seen_ns"], now_ns) < self.silent_ns
+        if flat_for < self.stall_ns or not still_reports:
+            return []
+        return self._fire(key, value, "stalled_run", now_ns, flat_for, self.stall_ns,
+                          f"{self._name(value)}: step_count {value['step_count']} has not increased "
+                          f"for {flat_for / NS:.0f}s while the job still reports")
+
+    def _end(self, key: str, now_ns: int, why: str) -> list[dict]:
+        """Resolve whatever is open for ``key`` and stop tracking it."""
+        value = self.state.get(key)
+        flat_for = self._age(value["increased_ns"], now_ns) if value else 0
+        silent_for = self._age(value["seen_ns"], now_ns) if value else 0
+        out = self._resolve(key, "stalled_run", now_ns, flat_for, why)
+        out += self._resolve(key, "silent_run", now_ns, silent_for, why)
+        if value is not None:
+            del self.state[key]
+        return out
+
+    def _supersede(self, event: dict[str, Any], now_ns: int) -> list[dict]:
+        """End lower attempts of the same run: a resumed run never reports on the old attempt."""
+        older = [k for k, v in self.state.items()
+                 if v["run_id"] == event["run_id"] and v["project"] == event.get("project", "")
+                 and v["attempt"] < event["attempt"]]
+        out: list[dict] = []
+        for key in sorted(older):
+            out += self._end(key, now_ns, f"{self._name(self.state[key])}: superseded by attempt {event['attempt']}")
+        return out
+
+    def _make_room(self, now_ns: int) -> list[dict]:
+        out: list[dict] = []
+        while self.max_runs > 0 and len(self.state) >= self.max_runs:
+            key = min(self.state.items(), key=lambda kv: (kv[1]["seen_ns"], kv[0]))[0]
+            out += self._end(key, now_ns, f"{self._name(self.state[key])}: no longer tracked "
+                                          f"(over {self.max_runs} runs tracked; its state is unknown)")
+            self.evicted += 1
+        return out
+
+    def _fire(self, key: str, value: dict, rule: str, now_ns: int, age_ns: int, limit_ns: int,
+              summary: str) -> list[dict]:
+        record = self.book.fire(rule, key, now_ns=now_ns, value=age_ns / NS, threshold=limit_ns / NS,
+                                summary=summary, severity=SEVERITY[rule], project=value["project"],
+                                run_id=value["run_id"], attempt=value["attempt"])
+        return [record] if record is not None else []
+
+    def _resolve(self, key: str, rule: str, now_ns: int, age_ns: int, summary: str) -> list[dict]:
+        record = self.book.resolve(rule, key, now_ns=now_ns, value=age_ns / NS, summary=summary)
+        return [record] if record is not None else []
+
+    def _age(self, since_ns: int, now_ns: int) -> int:
+        """Nanoseconds from ``since_ns`` (or from the restart, if later) to ``now_ns``."""
+        if self.resumed_ns is not None:
+            since_ns = max(since_ns, self.resumed_ns)
+        return now_ns - since_ns
+
+    @staticmethod
+    def _name(value: dict) -> str:
+        return f"run {value['run_id']} attempt {value['attempt']}"

@@ -1,0 +1,46 @@
+"""The ClickHouse store: migrations, the one-process-per-chDB-store rule, secrets kept out of errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sinks.clickhouse import mask_url, migrate, open_store
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_migrations_apply_once_and_record_themselves(tmp_path: Path) -> None:
+    with open_store(f"chdb://{tmp_path / 'ch'}", owner="test") as store:
+        assert migrate(store) == ["001_init"]
+        assert migrate(store) == []
+        tables = {r[0] for r in store.client.query("SHOW TABLES FROM rlpulse").result_rows}
+    assert {"spans", "steps", "gpu_samples", "placements", "grader_failures", "alerts", "schema_migrations"} <= tables
+
+
+def test_a_second_process_is_told_who_holds_the_chdb_store(tmp_path: Path) -> None:
+    url = f"chdb://{tmp_path / 'ch'}"
+    with open_store(url, owner="rlpulse sink"):
+        env = dict(os.environ, RLPULSE_CLICKHOUSE_URL=url, PYTHONPATH=str(REPO))
+        run = subprocess.run([sys.executable, "-m", "rlpulse.cli", "migrate"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert f"is open in pid {os.getpid()} (rlpulse sink)" in run.stderr
+    assert "chDB allows one process per store" in run.stderr
+    # once released, the other process gets it
+    run = subprocess.run([sys.executable, "-m", "rlpulse.cli", "migrate"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "database rlpulse: applied 001_init" in run.stdout
+
+
+def test_clickhouse_password_never_appears_in_errors() -> None:
+    url = "http://rlpulse:s3cret-pw@127.0.0.1:1/rlpulse"  # nothing listens on port 1
+    assert mask_url(url) == "http://rlpulse:***@127.0.0.1:1/rlpulse"
+    with pytest.raises(ConnectionError) as err:
+        open_store(url)
+    assert "s3cret-pw" not in str(err.value) and "***" in str(err.value)
+    assert err.value.__cause__ is None and err.value.__suppress_context__

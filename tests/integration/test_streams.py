@@ -1,0 +1,206 @@
+"""Every figure the streams compute, against a workload with known ground truth.
+
+Runs through the user's commands (``rlpulse streams``, ``rlpulse sink``) on the backend's
+broker and ClickHouse: three training jobs publish through the SDK (one healthy with rising
+clipping and a reward collapse, one that stalls and whose judge always fails, one that dies
+without a word), a GPU publishes samples with an XID and a hardware-slowdown throttle, and
+ClickHouse must then hold exactly the ground truth and exactly the expected alerts. A second
+test kills the streams worker with SIGKILL in the middle and restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from producers import TrainingTelemetry
+from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
+from rlpulse.settings import AlertThresholds, Settings
+from rlpulse.topics import ensure_topics
+from schemas.codec import Codec
+from sinks.clickhouse import open_store
+from streams.histograms import reward_bucket
+
+pytestmark = pytest.mark.integration
+
+# The healthy run: per step, (reward, clipped, sample) of each rollout. Clipped ratio per step
+# 0, .25, .5, .25, 0 (rising twice, then falling); rewards <= 0 at step 3: 3 of 4 (collapse).
+GOOD_STEPS = [
+    [(0.5, False, "s0"), (0.7, False, "s0"), (1.0, False, "s1"), (1.0, False, "s1")],
+    [(0.3, True, "s2"), (0.1 + 0.2, False, "s2"), (0.99, False, "s3"), (2.0, False, "s3")],
+    [(0.0, True, "s4"), (5.0, True, "s4"), (6.0, False, "s5"), (0.95, False, "s5")],
+    [(0.0, True, "s6"), (0.0, False, "s6"), (-0.5, False, "s7"), (0.4, False, "s7")],
+    [(0.6, False, "s8"), (0.6, False, "s8"), (0.2, False, "s9"), (0.8, False, "s9")],
+]
+MAX_TOKENS = 1000
+
+
+def stream_settings(settings: Settings) -> Settings:
+    return dataclasses.replace(
+        settings, stall_after=4.0, silent_after=3.0, heartbeat_interval=0.5,
+        alerts=AlertThresholds(grader_failure_rate=0.2, grader_min_graded=1, clipped_rising_steps=2,
+                               reward_zero_fraction=0.5, xid_quiet_after=3600.0),
+    )
+
+
+def run_good(settings: Settings) -> None:
+    with TrainingTelemetry(project="st", run_id="good", attempt=1, settings=settings) as tel:
+        for step, rollouts in enumerate(GOOD_STEPS):
+            for i, (reward, clipped, sample) in enumerate(rollouts):
+                rid = f"g{step}-{i}"
+                tel.grader(step=step, rollout_id=rid, term="judge", outcome="ok", duration_s=0.2, score=reward)
+                tel.rollout(step=step, rollout_id=rid, reward=reward, term_shares={"judge": reward},
+                            completion_tokens=MAX_TOKENS if clipped else 100 * (i + 1), max_tokens=MAX_TOKENS,
+                            sample_id=sample)
+            tel.step_completed(step=step, tokens=4000, duration_s=1.0)
+        assert tel.flush(30) == 0
+
+
+def run_stalls(settings: Settings, stall_s: float) -> None:
+    """Completes step 0, reports heartbeats without progress for ``stall_s``, then completes step 1."""
+    with TrainingTelemetry(project="st", run_id="stalls", attempt=1, settings=settings) as tel:
+        for step in (0, 1):
+            for i in range(3):
+                rid = f"s{step}-{i}"
+                tel.grader(step=step, rollout_id=rid, term="judge", outcome="timeout", duration_s=30.0)
+                tel.rollout(step=step, rollout_id=rid, reward=0.0, completion_tokens=10, max_tokens=MAX_TOKENS)
+            if step == 0:
+                tel.step_completed(step=0)
+                tel.flush(30)
+                time.sleep(stall_s)  # heartbeats keep coming, step_count stays 1
+            else:
+                tel.step_completed(step=1)
+        assert tel.flush(30) == 0
+
+
+def start_dying_job(settings: Settings) -> subprocess.Popen:
+    """A job that completes a step and then hangs; the test kills it with SIGKILL (no RUN_END)."""
+    code = textwrap.dedent("""
+        import sys, time
+        from producers import TrainingTelemetry
+        from rlpulse.settings import Settings
+        tel = TrainingTelemetry(project="st", run_id="dies", attempt=1, settings=Settings.load())
+        tel.start()
+        tel.rollout(step=0, rollout_id="d0", reward=0.5, completion_tokens=10, max_tokens=1000)
+        tel.step_completed(step=0)
+        tel.flush(30)
+        print("ready", flush=True)
+        time.sleep(3600)
+    """)
+    env = settings_env(dataclasses.replace(settings, heartbeat_interval=3600.0))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+async def publish_gpu(settings: Settings) -> None:
+    """Samples as the GPU poller exports them: an XID appears (count 0 -> 1), a slowdown comes and goes."""
+    codec = Codec()
+    producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
+    await producer.start()
+    try:
+        await producer.send_and_wait(settings.topic("schemas"), key=codec.fingerprint("GpuSample"),
+                                     value=codec.canonical("GpuSample").encode())
+        for xids, xid_last, throttle in ((0, None, 0x1), (0, None, 0x9), (1, 79, 0x9), (1, 79, 0x0)):
+            sample = dict(time_ns=time.time_ns(), hw_id="GPU-aaaa", index=0, host="h", power_w=300.0,
+                          temperature_c=60.0, gpu_utilization=0.9, memory_used_bytes=1, memory_total_bytes=2,
+                          memory_utilization=0.5, memory_activity=0.4, sm_clock_mhz=1500.0,
+                          throttle_reasons=throttle, xid_errors=xids, xid_last=xid_last)
+            await producer.send_and_wait(settings.topic("hardware"), key=b"GPU-aaaa", value=codec.encode("GpuSample", sample))
+    finally:
+        await producer.stop()
+
+
+def expected_step_stats() -> list[tuple]:
+    out = []
+    for step, rollouts in enumerate(GOOD_STEPS):
+        rewards = [r for r, _, _ in rollouts]
+        clipped = sum(c for _, c, _ in rollouts)
+        out.append(("good", step, 4, clipped, clipped / 4, round(sum(rewards) / 4, 9),
+                    sum(1 for r in rewards if r <= 0) / 4, 2))
+    out.append(("stalls", 0, 3, 0, 0.0, 0.0, 1.0, 0))
+    out.append(("stalls", 1, 3, 0, 0.0, 0.0, 1.0, 0))
+    return out
+
+
+def expected_total_buckets() -> dict[int, list[int]]:
+    out = {}
+    for step, rollouts in enumerate(GOOD_STEPS):
+        counts = [0] * 15
+        for reward, _, _ in rollouts:
+            counts[reward_bucket(reward)] += 1
+        out[step] = counts
+    return out
+
+
+def read_figures(settings: Settings) -> dict:
+    with open_store(settings.clickhouse_dsn, owner="test") as store:
+        db, q = store.database, store.client.query
+        return {
+            "step_stats": [
+                (r[0], r[1], r[2], r[3], r[4], round(r[5], 9), r[6], r[7]) for r in q(
+                    f"SELECT run_id, step, rollouts, clipped, clipped_ratio, reward_mean, reward_zero_fraction, samples "
+                    f"FROM {db}.step_stats FINAL WHERE run_id != 'dies' ORDER BY run_id, step").result_rows
+            ],
+            "same_reward": q(f"SELECT step, samples_same_reward FROM {db}.step_stats FINAL WHERE run_id = 'good' ORDER BY step").result_rows,
+            "total_buckets": {
+                step: list(counts) for step, counts in q(
+                    f"SELECT step, bucket_counts FROM {db}.reward_histograms FINAL WHERE run_id = 'good' AND term = 'total'").result_rows
+            },
+            "terms": q(f"SELECT DISTINCT term FROM {db}.reward_histograms FINAL WHERE run_id = 'good' ORDER BY term").result_rows,
+            "lengths": q(
+                f"SELECT step, count, zero_count, arraySum(bucket_counts), min, max FROM {db}.completion_length_histograms "
+                f"FINAL WHERE run_id = 'good' ORDER BY step").result_rows,
+            "failures": q(
+                f"SELECT run_id, term, cause, sum(failures), sum(graded) FROM {db}.grader_failures FINAL "
+                f"WHERE failures > 0 GROUP BY run_id, term, cause ORDER BY run_id, term, cause").result_rows,
+            "alerts": q(f"SELECT rule, key, state FROM {db}.alerts FINAL ORDER BY rule, key, state").result_rows,
+        }
+
+
+def check_figures(figures: dict) -> None:
+    assert figures["step_stats"] == expected_step_stats()
+    # samples whose rollouts all scored the same: s1 (1.0, 1.0), s2 (0.3 and 0.1+0.2: equal within
+    # 1e-9), s6 (0.0, 0.0), s8 (0.6, 0.6)
+    assert figures["same_reward"] == [(0, 1), (1, 1), (2, 0), (3, 1), (4, 1)]
+    assert figures["total_buckets"] == expected_total_buckets()
+    assert figures["terms"] == [("judge",), ("total",)]
+    assert figures["lengths"] == [(0, 4, 0, 4, 100.0, 400.0), (1, 4, 0, 4, 200.0, 1000.0), (2, 4, 0, 4, 300.0, 1000.0),
+                                  (3, 4, 0, 4, 200.0, 1000.0), (4, 4, 0, 4, 100.0, 400.0)]
+    assert figures["failures"] == [("stalls", "judge", "timeout", 6, 6)]
+
+
+def test_every_figure_and_alert_equals_the_ground_truth(settings: Settings) -> None:
+    settings = stream_settings(settings)
+    ensure_topics(settings)
+    with Pipeline(settings) as pipeline:
+        pipeline.start()
+        wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
+        dying = start_dying_job(settings)
+        dying.send_signal(signal.SIGKILL)
+        dying.wait()
+        run_good(settings)
+        asyncio.run(publish_gpu(settings))
+        run_stalls(settings, stall_s=settings.stall_after + 2.0)
+        pipeline.wait_caught_up(time.time_ns() + int((settings.window + settings.allowed_lateness + 3) * 1e9))
+        pipeline.stop()
+    figures = read_figures(settings)
+    check_figures(figures)
+    assert figures["alerts"] == [
+        ("clipped_ratio_rising", "good/1", "FIRING"), ("clipped_ratio_rising", "good/1", "RESOLVED"),
+        ("grader_failure_rate", "stalls/1/judge", "FIRING"),
+        ("hw_slowdown", "GPU-aaaa", "FIRING"), ("hw_slowdown", "GPU-aaaa", "RESOLVED"),
+        ("reward_collapse", "good/1", "FIRING"), ("reward_collapse", "good/1", "RESOLVED"),
+        ("reward_collapse", "stalls/1", "FIRING"),  # its judge always fails: every reward is 0
+        ("silent_run", "dies/1", "FIRING"),
+        ("stalled_run", "stalls/1", "FIRING"), ("stalled_run", "stalls/1", "RESOLVED"),
+        ("xid", "GPU-aaaa", "FIRING"),
+    ]
