@@ -8,6 +8,7 @@ compare ClickHouse with it.
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
@@ -44,8 +45,13 @@ def simulate(
     rollouts_per_step: int = 8,
     seed: int = 7,
     progress: Callable[[str], None] = lambda line: None,
+    stall_s: float = 0.0,
 ) -> GroundTruth:
-    """Publish ``runs`` short RL runs; every failure cause occurs in every run."""
+    """Publish ``runs`` short RL runs; every failure cause occurs in every run.
+
+    With ``stall_s``, the last run stops making progress after its first step for that long
+    while its heartbeats go on (a stalled job), then carries on.
+    """
     rng = random.Random(seed)
     truth = GroundTruth()
     for r in range(runs):
@@ -59,8 +65,11 @@ def simulate(
                 tel.step_completed(step=step, tokens=rng.randint(50_000, 150_000), duration_s=rng.uniform(2, 6),
                                    mfu=round(rng.uniform(0.3, 0.5), 3))
                 truth.steps += 1
+                if stall_s and r == runs - 1 and step == 0:
+                    progress(f"run {run_id}: stalling for {stall_s:.0f}s after step 0 (heartbeats go on)")
+                    tel.flush(60.0)
+                    time.sleep(stall_s)
             truth.undelivered += tel.flush(60.0)
-        truth.steps += 0
         progress(f"run {run_id}: {steps} steps x {rollouts_per_step} rollouts published")
     return truth
 

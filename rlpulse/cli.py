@@ -129,6 +129,16 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_alerts(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from sinks.alert_feed import serve_alerts
+
+    settings = _settings(args)
+    asyncio.run(serve_alerts(settings, args.webhook, args.from_beginning, args.once))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from sinks.clickhouse import open_store
     from sinks.report import print_report
@@ -185,6 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=100)
     _add_common(p)
     p.set_defaults(func=cmd_dlq)
+
+    p = sub.add_parser("alerts", help="print alerts as they fire and resolve; optionally POST each to a webhook")
+    p.add_argument("--webhook", help="POST each alert as JSON to this URL (retried; failures are logged, never fatal)")
+    p.add_argument("--from-beginning", action="store_true", help="start with the alerts already on the topic")
+    p.add_argument("--once", action="store_true", help="stop at the end of what is on the topic now")
+    _add_common(p)
+    p.set_defaults(func=cmd_alerts)
 
     p = sub.add_parser("status", help="local services and consumer lag of the streams and the sink")
     _add_common(p)

@@ -13,6 +13,7 @@ from rlpulse.topics import ensure_topics
 # Short windows so the demo's windows close (by wall clock) within seconds.
 DEMO_WINDOW_S = 5.0
 DEMO_LATENESS_S = 2.0
+DEMO_STALL_AFTER_S = 4.0  # one simulated run stalls for longer than this
 
 
 def _say(line: str) -> None:
@@ -24,7 +25,8 @@ def run_demo(settings: Settings) -> int:
     from sinks.clickhouse import open_store
     from sinks.report import failures_by_cause, print_report
 
-    settings = dataclasses.replace(settings, window=DEMO_WINDOW_S, allowed_lateness=DEMO_LATENESS_S)
+    settings = dataclasses.replace(settings, window=DEMO_WINDOW_S, allowed_lateness=DEMO_LATENESS_S,
+                                   stall_after=DEMO_STALL_AFTER_S, silent_after=30.0, heartbeat_interval=1.0)
     started = time.monotonic()
     _say(f"local services: Kafka at {settings.kafka_bootstrap}")
     if services.main(settings, "up") != 0:
@@ -36,8 +38,10 @@ def run_demo(settings: Settings) -> int:
         pipeline.start()
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         _say(f"simulating 3 training runs of project {project} through the SDK")
-        truth = simulate(settings, project=project, runs=3, steps=4, rollouts_per_step=8, progress=_say)
-        last_close = (time.time_ns() // int(DEMO_WINDOW_S * 1e9) + 1) * int(DEMO_WINDOW_S * 1e9) + int(DEMO_LATENESS_S * 1e9)
+        truth = simulate(settings, project=project, runs=3, steps=4, rollouts_per_step=8, progress=_say,
+                         stall_s=DEMO_STALL_AFTER_S + 3)
+        # the last window closes at its end + lateness; the per-step figures settle within seconds after
+        last_close = (time.time_ns() // int(DEMO_WINDOW_S * 1e9) + 1) * int(DEMO_WINDOW_S * 1e9) + int((DEMO_LATENESS_S + 3) * 1e9)
         _say(f"published {truth.spans} spans and {truth.steps} step events; waiting for the last "
              f"{DEMO_WINDOW_S:.0f}s window to close and the sink to catch up")
         pipeline.wait_caught_up(last_close, progress=_say)

@@ -6,7 +6,8 @@ from typing import Any, Sequence
 
 from sinks.clickhouse import Store
 
-EVENT_TABLES = ("spans", "steps", "gpu_samples", "placements", "grader_failures")
+EVENT_TABLES = ("spans", "steps", "gpu_samples", "placements", "grader_failures", "step_stats", "reward_histograms",
+                "completion_length_histograms", "alerts")
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -42,10 +43,56 @@ def failures_by_cause(store: Store, project: str | None) -> tuple[list[str], lis
     return list(result.column_names), result.result_rows
 
 
+def _query(store: Store, sql: str, project: str | None) -> tuple[list[str], list[tuple]]:
+    where, params = ("WHERE project = {project:String}", {"project": project}) if project else ("", {})
+    result = store.client.query(sql.format(db=store.database, where=where, project="{project:String}"), parameters=params)
+    return list(result.column_names), result.result_rows
+
+
+def step_figures(store: Store, project: str | None) -> tuple[list[str], list[tuple]]:
+    return _query(store, """
+        SELECT run_id, attempt, step, rollouts, clipped, round(clipped_ratio, 3) AS clipped_ratio,
+               round(reward_mean, 3) AS reward_mean, round(reward_zero_fraction, 3) AS zero_fraction,
+               round(completion_mean) AS completion_mean
+        FROM {db}.step_stats FINAL {where} ORDER BY run_id, attempt, step""", project)
+
+
+def reward_histograms(store: Store, project: str | None) -> list[tuple[str, list[float], list[int]]]:
+    """Per run: bucket bounds and the bucket counts of the total reward over all steps."""
+    _, rows = _query(store, """
+        SELECT run_id, any(bounds), sumForEach(bucket_counts)
+        FROM {db}.reward_histograms FINAL {where} GROUP BY run_id, term HAVING term = 'total' ORDER BY run_id""", project)
+    return [(r[0], list(r[1]), list(r[2])) for r in rows]
+
+
+def alerts(store: Store, project: str | None) -> tuple[list[str], list[tuple]]:
+    return _query(store, """
+        SELECT formatDateTime(time, '%H:%i:%S') AS time, rule, state, key, summary
+        FROM {db}.alerts FINAL {where} ORDER BY time_ns, rule, state""", project)
+
+
+def _bucket_labels(bounds: list[float]) -> list[str]:
+    labels = [f"<= {bounds[0]:g}"]
+    labels += [f"({lo:g}, {hi:g}]" for lo, hi in zip(bounds, bounds[1:])]
+    return labels + [f"> {bounds[-1]:g}"]
+
+
+def print_histogram(bounds: list[float], counts: list[int], width: int = 40) -> None:
+    top = max(counts) or 1
+    for label, n in zip(_bucket_labels(bounds), counts):
+        print(f"  {label:>12}  {'#' * round(width * n / top):<{width}} {n}")
+
+
 def print_report(store: Store, project: str | None = None) -> None:
     scope = f"project {project}" if project else "all projects"
     print(f"\n== rows per table ({scope}) ==")
     print_table(["table", "rows"], rows_per_table(store, project))
     print(f"\n== grader failures by cause, per run ({scope}) ==")
-    columns, rows = failures_by_cause(store, project)
-    print_table(columns, rows)
+    print_table(*failures_by_cause(store, project))
+    print(f"\n== clipped ratio and reward per step ({scope}) ==")
+    print_table(*step_figures(store, project))
+    for run_id, bounds, counts in reward_histograms(store, project):
+        print(f"\n== reward histogram, run {run_id} (all steps, term total) ==")
+        print_histogram(bounds, counts)
+    print(f"\n== alerts ({scope}) ==")
+    print_table(*alerts(store, project))

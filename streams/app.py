@@ -55,6 +55,9 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
         datadir=str(datadir),
         table_cleanup_interval=3600.0,  # our state is cleaned by the processors, not by Faust
         broker_credentials=_credentials(settings),
+        # A killed worker's partitions move to its replacement after this long (Faust's default is 60 s).
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=3.0,
     )
     codec = Codec()
     resolver = SchemaResolver(codec, settings.topic(SCHEMAS_TOPIC), settings.kafka_client_kwargs())
@@ -176,7 +179,7 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
                 if record is None:
                     continue
                 if short == "steps":
-                    part.steps.on_step_event(record)
+                    part.steps.on_step_event(record, now)
                     alerts += part.stalls.observe(record, now)
                 elif short == "step-partials":
                     part.steps.on_partial(record, now)

@@ -46,7 +46,7 @@ class StepMerger:
             run["seen"] = record["step"]
             self.state[run_key] = run
 
-    def on_step_event(self, event: dict[str, Any]) -> None:
+    def on_step_event(self, event: dict[str, Any], now_ns: int) -> None:
         """Take a Step event: STEP marks its step done; RUN_END marks the run ended."""
         if event["type"] not in ("STEP", "RUN_END"):
             return
@@ -56,6 +56,7 @@ class StepMerger:
             run["stepped"] = max(run["stepped"], event["step"])
         else:
             run["ended"] = True
+            run["ended_ns"] = now_ns
         self.state[run_key] = run
 
     def tick(self, now_ns: int) -> list[tuple[dict[str, Any], bool]]:
@@ -77,10 +78,12 @@ class StepMerger:
             if (done and quiet >= self.settle_ns) or quiet >= self.lateness_ns:
                 self.state[key] = dict(value, complete=True, dirty=False)
                 out.append((merge(value["partials"].values()), True))
-        # A run that ended and whose steps are all gone needs no record any more.
+        # A run that ended long ago and whose steps are all gone needs no record any more. (Its
+        # partials can arrive after its RUN_END: they come through stage 1, the RUN_END does not.)
         live = {tuple(json.loads(k)[1:4]) for k in self.state if k.startswith('["step"')}
         for key in [k for k in self.state if k.startswith('["run"')]:
-            if self.state[key]["ended"] and tuple(json.loads(key)[1:]) not in live:
+            run = self.state[key]
+            if run["ended"] and now_ns - run["ended_ns"] > self.retention_ns and tuple(json.loads(key)[1:]) not in live:
                 ended_runs.add(key)
         for key in ended_runs:
             del self.state[key]

@@ -13,6 +13,9 @@ from typing import Any, MutableMapping
 
 NS = 1_000_000_000
 CAUSES = ("timeout", "unavailable", "unreadable", "ungradable")  # grader failure causes (seed 001)
+UNKNOWN_CAUSE = "unknown"  # an outcome outside the contract still counts as a failure, under this cause
+MAX_TERMS = 64  # distinct terms per run and window; more are counted together under OTHER_TERM
+OTHER_TERM = "_other"
 
 
 def window_start(t_ns: int, size_ns: int) -> int:
@@ -38,6 +41,25 @@ class GraderFailures:
         self.size_ns = int(window_s * NS)
         self.lateness_ns = int(lateness_s * NS)
         self.dropped_late = 0
+        self.folded_terms = 0  # spans counted under OTHER_TERM because their run had too many terms
+        self._terms: dict[str, set[str]] = {}  # run and window -> its terms (rebuilt from state after a restart)
+
+    def _term(self, partition: int, span: dict[str, Any], start: int) -> str:
+        """The span's term, or OTHER_TERM when its run already has MAX_TERMS terms in this window."""
+        ident = (partition, span["project"], span["run_id"], span["attempt"], start)
+        run = json.dumps(ident)
+        terms = self._terms.get(run)
+        if terms is None:
+            terms = {v["term"] for v in list(self.state.values()) if v is not None
+                     and (v["partition"], v["project"], v["run_id"], v["attempt"], v["start_ns"]) == ident}
+            self._terms[run] = terms
+        term = span["term"]
+        if term not in terms:
+            if len(terms) >= MAX_TERMS:
+                self.folded_terms += 1
+                return OTHER_TERM
+            terms.add(term)
+        return term
 
     @staticmethod
     def key(partition: int, project: str, run_id: str, attempt: int, term: str, start_ns: int) -> str:
@@ -47,7 +69,8 @@ class GraderFailures:
         if span.get("kind") != "GRADER" or span.get("term") is None:
             return "ignored"
         start = window_start(span["time_ns"], self.size_ns)
-        key = self.key(partition, span["project"], span["run_id"], span["attempt"], span["term"], start)
+        term = self._term(partition, span, start)
+        key = self.key(partition, span["project"], span["run_id"], span["attempt"], term, start)
         current = self.state.get(key)
         if current is not None and offset <= current["offset"]:
             return "duplicate"
@@ -56,11 +79,13 @@ class GraderFailures:
             return "late"
         value = dict(current) if current else {
             "partition": partition, "project": span["project"], "run_id": span["run_id"],
-            "attempt": span["attempt"], "term": span["term"], "start_ns": start, "graded": 0,
+            "attempt": span["attempt"], "term": term, "start_ns": start, "graded": 0,
             "causes": {cause: 0 for cause in CAUSES},
         }
         value["graded"] += 1
         outcome = span.get("outcome") or "ok"
+        if outcome not in CAUSES and outcome != "ok":
+            outcome = UNKNOWN_CAUSE
         if outcome != "ok":
             causes = dict(value["causes"])
             causes[outcome] = causes.get(outcome, 0) + 1
@@ -71,6 +96,8 @@ class GraderFailures:
 
     def closed(self, now_ns: int) -> list[tuple[str, dict[str, Any]]]:
         """Windows whose close time has passed, in key order."""
+        for run in [r for r in self._terms if now_ns >= closes_at(json.loads(r)[-1], self.size_ns, self.lateness_ns)]:
+            del self._terms[run]  # a closed window takes no new terms
         return sorted(
             (k, v) for k, v in list(self.state.items())
             if v is not None and now_ns >= closes_at(v["start_ns"], self.size_ns, self.lateness_ns)

@@ -51,9 +51,13 @@ def stream_settings(settings: Settings) -> Settings:
     )
 
 
-def run_good(settings: Settings) -> None:
+def run_good(settings: Settings, midway=lambda: None) -> None:
+    """The healthy run; ``midway`` is called after step 2's rollouts, before its STEP event."""
     with TrainingTelemetry(project="st", run_id="good", attempt=1, settings=settings) as tel:
         for step, rollouts in enumerate(GOOD_STEPS):
+            if step == 2:
+                tel.flush(30)
+                midway()
             for i, (reward, clipped, sample) in enumerate(rollouts):
                 rid = f"g{step}-{i}"
                 tel.grader(step=step, rollout_id=rid, term="judge", outcome="ok", duration_s=0.2, score=reward)
@@ -204,3 +208,24 @@ def test_every_figure_and_alert_equals_the_ground_truth(settings: Settings) -> N
         ("stalled_run", "stalls/1", "FIRING"), ("stalled_run", "stalls/1", "RESOLVED"),
         ("xid", "GPU-aaaa", "FIRING"),
     ]
+
+
+def test_figures_survive_a_sigkill_of_the_streams_worker(settings: Settings) -> None:
+    # Lateness covers the restart (Faust hands a dead worker's partitions on after 10 s).
+    settings = dataclasses.replace(stream_settings(settings), allowed_lateness=30.0)
+    ensure_topics(settings)
+    with Pipeline(settings) as pipeline:
+        pipeline.start()
+        wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
+
+        def kill_and_restart() -> None:
+            time.sleep(0.3)  # let the worker be in the middle of it
+            pipeline.stop(("streams",), sig=signal.SIGKILL)
+            run_stalls(settings, stall_s=0.0)  # published while no worker runs
+            pipeline.start(("streams",))
+
+        run_good(settings, midway=kill_and_restart)
+        pipeline.wait_caught_up(time.time_ns() + int((settings.window + settings.allowed_lateness + 3) * 1e9),
+                                timeout=90)
+        pipeline.stop()
+    check_figures(read_figures(settings))

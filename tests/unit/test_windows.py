@@ -61,3 +61,16 @@ def test_non_grader_spans_are_ignored():
     agg = GraderFailures({}, window_s=60, lateness_s=0)
     assert agg.add(dict(grader(W), kind="ROLLOUT"), partition=0, offset=0, now_ns=W) == "ignored"
     assert agg.closed(now_ns=10 * W) == []
+
+
+def test_terms_per_run_and_window_are_capped_and_unknown_outcomes_counted():
+    from streams.windows import MAX_TERMS, OTHER_TERM
+
+    agg = GraderFailures({}, window_s=60, lateness_s=0)
+    for i in range(MAX_TERMS + 10):
+        agg.add(grader(W, "timeout", term=f"t{i}"), partition=0, offset=i, now_ns=W)
+    agg.add(grader(W, "exploded", term="t0"), partition=0, offset=999, now_ns=W)
+    windows = dict((v["term"], v) for _, v in agg.closed(now_ns=3 * W))
+    assert len(windows) == MAX_TERMS + 1 and agg.folded_terms == 10
+    assert windows[OTHER_TERM]["causes"]["timeout"] == 10 and windows[OTHER_TERM]["graded"] == 10
+    assert windows["t0"]["causes"] == {"timeout": 1, "unavailable": 0, "unreadable": 0, "ungradable": 0, "unknown": 1}
