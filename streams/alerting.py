@@ -14,6 +14,8 @@ a warning because silence may come from the exporter or the network as well as f
 
 from __future__ import annotations
 
+import time
+
 import json
 from typing import Any, MutableMapping
 
@@ -99,6 +101,10 @@ def _emit(*records: dict | None) -> list[dict]:
     return [r for r in records if r is not None]
 
 
+def _utc(t_ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t_ns / 1e9))
+
+
 def grader_failure_rate(book: AlertBook, window: dict[str, Any], thresholds: AlertThresholds,
                         now_ns: int) -> list[dict]:
     """Failure rate of one closed window of one term (totals over causes and partitions).
@@ -116,7 +122,7 @@ def grader_failure_rate(book: AlertBook, window: dict[str, Any], thresholds: Ale
         return _emit(book.fire(
             "grader_failure_rate", key, now_ns=now_ns, value=rate, threshold=limit,
             summary=f"term {window['term']}: {failures} of {graded} scores failed ({rate:.0%}) "
-                    f"in the window from {window['window_start_ns']}",
+                    f"in the window from {_utc(window['window_start_ns'])}",
             severity=SEVERITY["grader_failure_rate"], project=window["project"], run_id=window["run_id"],
             attempt=window["attempt"]))
     return _emit(book.resolve(
