@@ -19,7 +19,7 @@ from aiokafka.errors import KafkaError
 from rlpulse.settings import Settings
 from schemas.registry import topic_partitions
 
-SINK_TOPICS = ("spans", "steps", "hardware", "grader-failures", "alerts", "step-stats", "reward-histograms",
+SINK_TOPICS = ("spans", "steps", "hardware", "grader-failures", "grader-windows", "alerts", "step-stats", "reward-histograms",
                "length-histograms")
 STREAMS_TOPICS = ("spans", "steps", "hardware", "grader-failures", "step-partials")
 

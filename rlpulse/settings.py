@@ -150,7 +150,7 @@ _DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "silent_after",
 
 # Topic short names; every full name is ``<prefix>.<short>``.
 RAW_TOPICS = ("spans", "steps", "hardware")
-DERIVED_TOPICS = ("grader-failures", "step-stats", "reward-histograms", "length-histograms", "alerts")
+DERIVED_TOPICS = ("grader-failures", "grader-windows", "step-stats", "reward-histograms", "length-histograms", "alerts")
 # Between the streams' own stages: partial step figures, and wall-clock ticks per partition.
 INTERNAL_TOPICS = ("step-partials", "ticks")
 DLQ_TOPIC = "dlq"

@@ -58,6 +58,9 @@ _REWARD_HIST_COLUMNS = ("project", "run_id", "attempt", "step", "term", "bounds"
                         "min", "max", "zero_fraction", "emitted_at_ns")
 _LENGTH_HIST_COLUMNS = ("project", "run_id", "attempt", "step", "scale", "zero_count", "offset", "bucket_counts",
                         "count", "sum", "min", "max", "emitted_at_ns")
+_GRADER_WINDOW_COLUMNS = ("project", "run_id", "attempt", "term", "window_start_ns", "window_end_ns", "graded",
+                          "failures", "failure_rate", "duration_p50_s", "duration_p90_s", "duration_p99_s",
+                          "duration_max_s", "emitted_at_ns")
 _ALERT_COLUMNS = ("rule", "state", "key", "severity", "summary", "value", "threshold", "project", "run_id", "attempt",
                   "time_ns", "first_seen_ns", "last_seen_ns")
 
@@ -69,6 +72,7 @@ TABLES: dict[str, TableSpec] = {
     "rlpulse.v1.Placement": TableSpec("placements", _PLACEMENT_COLUMNS, _same),
     "rlpulse.v1.GraderFailureWindow": TableSpec("grader_failures", _GRADER_COLUMNS, _same),
     "rlpulse.v1.Alert": TableSpec("alerts", _ALERT_COLUMNS, _same),
+    "rlpulse.v1.GraderWindow": TableSpec("grader_windows", _GRADER_WINDOW_COLUMNS, _same),
     "rlpulse.v1.StepStats": TableSpec("step_stats", _STEP_STATS_COLUMNS, _same),
     "rlpulse.v1.RewardHistogram": TableSpec("reward_histograms", _REWARD_HIST_COLUMNS, _same),
     "rlpulse.v1.CompletionLengthHistogram": TableSpec("completion_length_histograms", _LENGTH_HIST_COLUMNS, _same),
@@ -81,6 +85,7 @@ TOPIC_RECORDS: dict[str, tuple[str, ...]] = {
     "hardware": ("rlpulse.v1.GpuSample", "rlpulse.v1.Placement"),
     "grader-failures": ("rlpulse.v1.GraderFailureWindow",),
     "alerts": ("rlpulse.v1.Alert",),
+    "grader-windows": ("rlpulse.v1.GraderWindow",),
     "step-stats": ("rlpulse.v1.StepStats",),
     "reward-histograms": ("rlpulse.v1.RewardHistogram",),
     "length-histograms": ("rlpulse.v1.CompletionLengthHistogram",),

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 EMIT_INTERVAL_S = 0.5  # stage 1 emits closed windows and changed partials this often
 TICK_INTERVAL_S = 0.5  # wall-clock ticks to every partition
 SETTLE_S = 1.5  # stage 2 waits this long after the last change before a step or window counts as settled
-WRITES = ("GraderFailureWindow", "StepPartial", "StepStats", "RewardHistogram", "CompletionLengthHistogram", "Alert")
+WRITES = ("GraderFailureWindow", "GraderWindow", "StepPartial", "StepStats", "RewardHistogram", "CompletionLengthHistogram", "Alert")
 
 
 def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> faust.App:
@@ -173,6 +173,7 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
                     if first:
                         alerts += step_rules(part.book, part.rules, stats, thresholds, now)
                 for window in part.windows.tick(now):
+                    await out.send("grader-windows", window, "GraderWindow")
                     alerts += grader_failure_rate(part.book, window, thresholds, now)
             else:
                 record = await decode(event)
@@ -222,7 +223,7 @@ class _Outputs:
         self._settings = settings
         self._topics = {
             short: app.topic(settings.topic(short), key_serializer="raw", value_serializer="raw")
-            for short in ("grader-failures", "step-partials", "step-stats", "reward-histograms", "length-histograms",
+            for short in ("grader-failures", "grader-windows", "step-partials", "step-stats", "reward-histograms", "length-histograms",
                           "alerts", SCHEMAS_TOPIC)
         }
 

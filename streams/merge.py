@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, MutableMapping
 
+from streams.histograms import ExpHistogram
 from streams.steps import merge
 
 
@@ -108,7 +109,10 @@ class GraderWindowMerger:
         value = dict(self.state.get(key) or {"rows": {}, "evaluated": False})
         rows = dict(value["rows"])
         rows[f"{row['source_partition']}|{row['cause']}"] = [row["failures"], row["graded"]]
-        value.update(rows=rows, updated_ns=now_ns)
+        durations = dict(value.get("durations") or {})
+        if row.get("duration_histogram"):
+            durations[str(row["source_partition"])] = row["duration_histogram"]
+        value.update(rows=rows, durations=durations, updated_ns=now_ns, end_ns=row["window_end_ns"])
         self.state[key] = value
 
     def tick(self, now_ns: int) -> list[dict[str, Any]]:
@@ -126,8 +130,18 @@ class GraderWindowMerger:
             if quiet < self.settle_ns:
                 continue
             graded = {src.split("|")[0]: g for src, (_, g) in value["rows"].items()}
+            failures, total = sum(f for f, _ in value["rows"].values()), sum(graded.values())
+            durations = ExpHistogram()
+            for raw in value.get("durations", {}).values():
+                durations = durations.merge(ExpHistogram.from_dict(json.loads(raw)))
+
+            def q(p: float) -> float:
+                return float(durations.quantile(p)) if durations.count else 0.0
+
             out.append({"project": project, "run_id": run_id, "attempt": attempt, "term": term,
-                        "window_start_ns": start, "failures": sum(f for f, _ in value["rows"].values()),
-                        "graded": sum(graded.values())})
+                        "window_start_ns": start, "window_end_ns": value.get("end_ns", start),
+                        "failures": failures, "graded": total, "failure_rate": failures / total if total else 0.0,
+                        "duration_p50_s": q(0.5), "duration_p90_s": q(0.9), "duration_p99_s": q(0.99),
+                        "duration_max_s": float(durations.max or 0.0), "emitted_at_ns": now_ns})
             self.state[key] = dict(value, evaluated=True)
         return out

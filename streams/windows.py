@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any, MutableMapping
 
+from streams.histograms import ExpHistogram
+
 NS = 1_000_000_000
 CAUSES = ("timeout", "unavailable", "unreadable", "ungradable")  # grader failure causes (seed 001)
 UNKNOWN_CAUSE = "unknown"  # an outcome outside the contract still counts as a failure, under this cause
@@ -80,9 +82,12 @@ class GraderFailures:
         value = dict(current) if current else {
             "partition": partition, "project": span["project"], "run_id": span["run_id"],
             "attempt": span["attempt"], "term": term, "start_ns": start, "graded": 0,
-            "causes": {cause: 0 for cause in CAUSES},
+            "causes": {cause: 0 for cause in CAUSES}, "durations": ExpHistogram().to_dict(),
         }
         value["graded"] += 1
+        durations = ExpHistogram.from_dict(value["durations"])
+        durations.add(max(span.get("end_time_ns", 0) - span.get("start_time_ns", 0), 0) / NS)
+        value["durations"] = durations.to_dict()
         outcome = span.get("outcome") or "ok"
         if outcome not in CAUSES and outcome != "ok":
             outcome = UNKNOWN_CAUSE
@@ -109,6 +114,7 @@ class GraderFailures:
             {"project": value["project"], "run_id": value["run_id"], "attempt": value["attempt"],
              "term": value["term"], "cause": cause, "window_start_ns": value["start_ns"],
              "window_end_ns": value["start_ns"] + self.size_ns, "failures": count, "graded": value["graded"],
-             "source_partition": value["partition"], "emitted_at_ns": emitted_at_ns}
+             "source_partition": value["partition"], "emitted_at_ns": emitted_at_ns,
+             "duration_histogram": json.dumps(value["durations"], separators=(",", ":"))}
             for cause, count in sorted(value["causes"].items())
         ]

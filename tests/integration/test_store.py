@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_migrations_apply_once_and_record_themselves(tmp_path: Path) -> None:
     with open_store(f"chdb://{tmp_path / 'ch'}", owner="test") as store:
-        assert migrate(store) == ["001_init", "002_step_figures"]
+        assert migrate(store) == ["001_init", "002_step_figures", "003_grader_windows"]
         assert migrate(store) == []
         tables = {r[0] for r in store.client.query("SHOW TABLES FROM rlpulse").result_rows}
     assert {"spans", "steps", "gpu_samples", "placements", "grader_failures", "alerts", "step_stats",
@@ -35,7 +35,7 @@ def test_a_second_process_is_told_who_holds_the_chdb_store(tmp_path: Path) -> No
     # once released, the other process gets it
     run = subprocess.run([sys.executable, "-m", "rlpulse.cli", "migrate"], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "database rlpulse: applied 001_init, 002_step_figures" in run.stdout
+    assert "database rlpulse: applied 001_init, 002_step_figures, 003_grader_windows" in run.stdout
 
 
 def test_clickhouse_password_never_appears_in_errors() -> None:

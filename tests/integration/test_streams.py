@@ -166,6 +166,9 @@ def read_figures(settings: Settings) -> dict:
             "failures": q(
                 f"SELECT run_id, term, cause, sum(failures), sum(graded) FROM {db}.grader_failures FINAL "
                 f"WHERE failures > 0 GROUP BY run_id, term, cause ORDER BY run_id, term, cause").result_rows,
+            "grader_windows": q(
+                f"SELECT run_id, term, sum(graded), sum(failures), min(duration_p50_s), max(duration_max_s) "
+                f"FROM {db}.grader_windows FINAL WHERE run_id != 'dies' GROUP BY run_id, term ORDER BY run_id, term").result_rows,
             "alerts": q(f"SELECT rule, key, state FROM {db}.alerts FINAL ORDER BY rule, key, state").result_rows,
         }
 
@@ -180,6 +183,8 @@ def check_figures(figures: dict) -> None:
     assert figures["lengths"] == [(0, 4, 0, 4, 100.0, 400.0), (1, 4, 0, 4, 200.0, 1000.0), (2, 4, 0, 4, 300.0, 1000.0),
                                   (3, 4, 0, 4, 200.0, 1000.0), (4, 4, 0, 4, 100.0, 400.0)]
     assert figures["failures"] == [("stalls", "judge", "timeout", 6, 6)]
+    # every grader call of a run took the same time, so the percentile estimates are exact
+    assert figures["grader_windows"] == [("good", "judge", 20, 0, 0.2, 0.2), ("stalls", "judge", 6, 6, 30.0, 30.0)]
 
 
 def test_every_figure_and_alert_equals_the_ground_truth(settings: Settings) -> None:

@@ -104,13 +104,25 @@ def test_steps_are_emitted_in_numeric_order():
 
 
 def test_grader_windows_sum_partitions_once_settled():
+    from streams.histograms import ExpHistogram
+
+    def durations(*seconds):
+        h = ExpHistogram()
+        for x in seconds:
+            h.add(x)
+        return json.dumps(h.to_dict())
+
     merger = GraderWindowMerger({}, settle_s=1, retention_s=60)
-    row = dict(project="p", run_id="r", attempt=1, term="judge", window_start_ns=0)
+    row = dict(project="p", run_id="r", attempt=1, term="judge", window_start_ns=0, window_end_ns=60 * S,
+               duration_histogram=durations(*[2.0] * 5))
     merger.on_row(dict(row, source_partition=0, cause="timeout", failures=2, graded=5), now_ns=0)
     merger.on_row(dict(row, source_partition=0, cause="unreadable", failures=1, graded=5), now_ns=0)
+    row = dict(row, duration_histogram=durations(30.0, 30.0, 30.0))
     merger.on_row(dict(row, source_partition=1, cause="timeout", failures=1, graded=3), now_ns=0)
     merger.on_row(dict(row, source_partition=1, cause="timeout", failures=1, graded=3), now_ns=0)  # re-sent
     assert merger.tick(now_ns=0) == []
     [window] = merger.tick(now_ns=S)
-    assert (window["failures"], window["graded"]) == (4, 8)
+    assert (window["failures"], window["graded"], window["failure_rate"]) == (4, 8, 0.5)
+    # durations 2 s x5 and 30 s x3: the median is 2 s and the top ranks 30 s (min and max are exact)
+    assert (window["duration_p50_s"], window["duration_p99_s"], window["duration_max_s"]) == (2.0, 30.0, 30.0)
     assert merger.tick(now_ns=2 * S) == []
