@@ -8,10 +8,13 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from producers import events as v
 from producers.sender import Outgoing, Sender
+
+if TYPE_CHECKING:
+    from producers.otel import RlpulseSpanExporter
 from rlpulse.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -184,6 +187,12 @@ class TrainingTelemetry:
         throughput = tokens / duration_s if duration_s > 0 else 0.0
         self._step_event("STEP", step=step, tokens=tokens, duration_s=duration_s, throughput=throughput, mfu=mfu)
 
+    def span_exporter(self) -> "RlpulseSpanExporter":
+        """An OpenTelemetry SpanExporter publishing the job's own spans (see ``producers.otel``)."""
+        from producers.otel import RlpulseSpanExporter
+
+        return RlpulseSpanExporter(self)
+
     def heartbeat(self) -> None:
         """Publish the current ``step_count`` now (the background timer calls this)."""
         self._step_event("HEARTBEAT")
@@ -214,6 +223,14 @@ class TrainingTelemetry:
             "sequence_id": self._next_sequence(), "step": step, "attributes": dict(attributes or {}), **fields,
         }
         self._sender.offer(Outgoing(self.settings.topic("spans"), f"{self.run_id}/{self.attempt}/{rollout_id}", "Span", record))
+
+    def _publish_span(self, fields: dict[str, Any]) -> None:
+        """Publish a span converted by the OpenTelemetry exporter; identity and sequence are added here."""
+        record = {**self._identity(), "sequence_id": self._next_sequence(), "term": None, "outcome": None,
+                  "score": None, "judge_input_tokens": None, "judge_output_tokens": None, "term_shares": {},
+                  "completion_tokens": None, "max_tokens": None, "clipped": None, "sample_id": None, **fields}
+        key = f"{self.run_id}/{self.attempt}/{record['rollout_id']}"
+        self._sender.offer(Outgoing(self.settings.topic("spans"), key, "Span", record))
 
     def _step_event(self, type_: str, step: int = -1, **fields: Any) -> None:
         record = {**self._identity(), "time_ns": self._clock(), "type": type_, "trainer": self.trainer,

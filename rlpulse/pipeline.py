@@ -123,8 +123,9 @@ class Pipeline:
         while time.monotonic() < deadline:
             self.check_alive()
             if time.time_ns() >= closes_at_ns + 1_500_000_000:
-                streams_lag = sum(lag(self.settings, self.settings.app_id, STREAMS_TOPICS).values())
-                sink_lag = sum(lag(self.settings, self.settings.sink_group, SINK_TOPICS).values())
+                # only the processes this pipeline runs: a sink alone need not wait for streams
+                streams_lag = sum(lag(self.settings, self.settings.app_id, STREAMS_TOPICS).values()) if "streams" in self.procs else 0
+                sink_lag = sum(lag(self.settings, self.settings.sink_group, SINK_TOPICS).values()) if "sink" in self.procs else 0
                 state = (streams_lag, sink_lag)
                 if state != last:
                     progress(f"waiting: streams lag {streams_lag}, sink lag {sink_lag}")
