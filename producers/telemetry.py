@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from producers import events as v
-from producers.sender import Outgoing, Sender
+from producers.sender import DEFAULT_BUFFER_BYTES, Outgoing, Sender
 
 if TYPE_CHECKING:
     from producers.otel import RlpulseSpanExporter
@@ -48,7 +48,7 @@ class TrainingTelemetry:
         stage: str = "",
         settings: Settings | None = None,
         clock: Callable[[], int] = time.time_ns,
-        max_events: int = 100_000,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
     ):
         self.project = v.require_str("project", project)
         self.run_id = v.require_str("run_id", run_id)
@@ -59,7 +59,7 @@ class TrainingTelemetry:
         self.stage = v.require_str("stage", stage, allow_empty=True)
         self.settings = settings or Settings.load()
         self._clock = clock
-        self._sender = Sender(self.settings, max_events=max_events)
+        self._sender = Sender(self.settings, buffer_bytes=buffer_bytes)
         self._sequence = itertools.count(1)
         self._seq_lock = threading.Lock()
         self._terms: set[str] = set()
@@ -106,6 +106,11 @@ class TrainingTelemetry:
     def dropped(self) -> int:
         """Events dropped because the buffer was full."""
         return self._sender.dropped
+
+    @property
+    def delivered(self) -> int:
+        """Events the broker has acknowledged."""
+        return self._sender.delivered
 
     # -- the calls a training loop makes -----------------------------------------------------
     def rollout(

@@ -53,7 +53,7 @@ class _Schema:
 
 def _load(schema: dict[str, Any] | str) -> _Schema:
     raw = json.loads(schema) if isinstance(schema, str) else schema
-    parsed = fastavro.parse_schema(raw, _write_hint=False)
+    parsed = fastavro.parse_schema(raw)  # keeps fastavro's parsed marker: no re-parse on every write
     canonical = to_parsing_canonical_form(parsed)
     # fastavro's hex digest is already in the little-endian byte order the spec puts on the wire.
     fp = bytes.fromhex(_fingerprint(canonical, "CRC-64-AVRO"))
