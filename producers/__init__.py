@@ -1,8 +1,9 @@
-"""Publishers: the training-job SDK (and, later, the GPU poller and the simulator).
+"""Publishers: the training-job SDK, its OpenTelemetry exporter, the GPU poller and the simulator.
 
 ``import producers`` needs only aiokafka, fastavro and opentelemetry-sdk.
 """
 
+from producers.aio import AsyncTrainingTelemetry
 from producers.telemetry import TrainingTelemetry
 
-__all__ = ["TrainingTelemetry"]
+__all__ = ["AsyncTrainingTelemetry", "TrainingTelemetry"]

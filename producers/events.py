@@ -54,3 +54,25 @@ def float_map(field: str, values: Mapping[str, Any] | None, max_keys: int) -> di
     if len(values) > max_keys:
         raise ValueError(f"{field} has {len(values)} keys; at most {max_keys} are allowed")
     return {require_str(f"{field} key", k): require_finite(f"{field}[{k!r}]", v) for k, v in values.items()}
+
+
+MAX_ATTRIBUTES = 64
+
+
+def attribute_map(field: str, values: Mapping[str, Any] | None, max_keys: int = MAX_ATTRIBUTES) -> dict[str, Any]:
+    """Span attributes: at most ``max_keys`` string keys with str, bool, int or finite float values."""
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{field} must be a mapping, got {type(values).__name__}")
+    if len(values) > max_keys:
+        raise ValueError(f"{field} has {len(values)} keys; at most {max_keys} are allowed")
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        require_str(f"{field} key", key)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{field}[{key!r}] must be finite, got {value!r}")
+        if not isinstance(value, (str, bool, int, float)):
+            raise ValueError(f"{field}[{key!r}] must be a string, bool, int or float, got {type(value).__name__}")
+        out[key] = value
+    return out

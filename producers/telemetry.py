@@ -14,6 +14,7 @@ from producers import events as v
 from producers.sender import DEFAULT_BUFFER_BYTES, Outgoing, Sender
 
 if TYPE_CHECKING:
+    from producers.aio import AsyncTrainingTelemetry
     from producers.otel import RlpulseSpanExporter
 from rlpulse.settings import Settings
 
@@ -108,6 +109,13 @@ class TrainingTelemetry:
         return self._sender.dropped
 
     @property
+    def aio(self) -> "AsyncTrainingTelemetry":
+        """The asyncio face of this object, sharing its sender."""
+        from producers.aio import AsyncTrainingTelemetry
+
+        return AsyncTrainingTelemetry(telemetry=self)
+
+    @property
     def delivered(self) -> int:
         """Events the broker has acknowledged."""
         return self._sender.delivered
@@ -143,6 +151,7 @@ class TrainingTelemetry:
         if sample_id is not None:
             v.require_str("sample_id", sample_id)
         duration_s = v.require_finite("duration_s", duration_s, minimum=0.0)
+        attributes = v.attribute_map("attributes", attributes)
         self._span(
             kind="ROLLOUT", name="rollout", step=step, rollout_id=rollout_id, duration_s=duration_s,
             span_id=_span_id(self.run_id, self.attempt, rollout_id, "rollout"), parent=None,

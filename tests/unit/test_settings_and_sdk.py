@@ -43,6 +43,9 @@ def tel():
         ("rollout", dict(step=-1, rollout_id="x", reward=0.5), "step must be a non-negative integer"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={"j": "high"}), r"term_shares\['j'\] must be a finite number"),
         ("step_completed", dict(step=1, duration_s=-2.0), "duration_s must be >= 0.0"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={"k": [1, 2]}), r"attributes\['k'\] must be a string, bool, int or float"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={f"k{i}": i for i in range(65)}), "attributes has 65 keys; at most 64"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={f"t{i}": 0.1 for i in range(65)}), "term_shares has 65 keys; at most 64"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_the_field(tel, call, kwargs, message):
@@ -53,3 +56,21 @@ def test_bad_arguments_raise_value_error_naming_the_field(tel, call, kwargs, mes
 def test_unknown_trainer_is_rejected():
     with pytest.raises(ValueError, match="trainer must be one of rl, sft"):
         TrainingTelemetry(project="p", run_id="r", trainer="ppo", settings=Settings.load({}))
+
+
+def test_too_many_distinct_terms_per_run_is_a_clear_error(tel):
+    for i in range(64):
+        tel.grader(step=0, rollout_id="x", term=f"t{i}", outcome="ok", duration_s=0.1)
+    with pytest.raises(ValueError, match="term 't64' would be distinct term number 65 for this run; at most 64"):
+        tel.grader(step=0, rollout_id="x", term="t64", outcome="ok", duration_s=0.1)
+
+
+def test_async_face_shares_the_sync_sender_and_validates_the_same(tel):
+    import asyncio
+
+    aio = tel.aio
+    assert aio.sync is tel
+    with pytest.raises(ValueError, match="outcome must be one of"):
+        asyncio.run(aio.grader(step=1, rollout_id="x", term="judge", outcome="late", duration_s=1.0))
+    asyncio.run(aio.rollout(step=1, rollout_id="x", reward=0.5))
+    assert tel._sender.pending == 1  # queued on the one sender (never started here)
