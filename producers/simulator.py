@@ -1,97 +1,158 @@
 """Simulated training runs through the real SDK, with their ground truth.
 
-Deterministic for a seed (event times aside): the same seed gives the same rollouts, rewards
-and grader outcomes, and :func:`simulate` returns what it sent so tests and the demo can
-compare ClickHouse with it.
+Deterministic for a seed: the same :class:`SimConfig` gives the same rollouts, rewards, grader
+outcomes, clipping and GPU events, and :func:`simulate` returns what it sent (event times
+aside), so tests, the demo and benchmarks can compare ClickHouse with it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
-from producers.events import GRADER_OUTCOMES
+from producers.events import FAILURE_CAUSES
+from producers.sender import Outgoing
 from producers.telemetry import TrainingTelemetry
 from rlpulse.settings import Settings
 
-TERMS = ("judge", "format")
+MAX_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    project: str = "sim"
+    runs: int = 3
+    steps: int = 4
+    rollouts_per_step: int = 8
+    rollouts_per_sample: int = 4  # GRPO-style groups: rollouts answering the same prompt
+    terms: tuple[str, ...] = ("judge", "format")
+    failure_rate: float = 0.2  # share of grader calls that fail, spread over the causes below
+    cause_weights: tuple[float, ...] = (8, 5, 4, 3)  # timeout, unavailable, unreadable, ungradable
+    clip_rate: float = 0.15  # share of completions truncated at MAX_TOKENS
+    seed: int = 7
+    stall_s: float = 0.0  # the last run stops progressing after step 0 for this long (heartbeats go on)
+    silent_run: bool = False  # one more run that completes a step and then dies without a word
+    gpu: bool = False  # a simulated GPU per run; the first run's GPU has an XID and a slowdown
 
 
 @dataclass
 class GroundTruth:
     spans: int = 0
-    steps: int = 0  # step-table rows: RUN_START + STEP per step + RUN_END (+ heartbeats, not counted here)
-    rollouts: int = 0
-    graded: Counter = field(default_factory=Counter)  # (run_id, term) -> scores
-    failures: Counter = field(default_factory=Counter)  # (run_id, term, cause) -> failures
+    step_events: int = 0  # RUN_START, STEP and RUN_END (heartbeats are not counted)
+    rollouts: Counter = field(default_factory=Counter)  # run -> rollouts
+    clipped: Counter = field(default_factory=Counter)  # (run, step) -> clipped rollouts
+    graded: Counter = field(default_factory=Counter)  # (run, term) -> scores
+    failures: Counter = field(default_factory=Counter)  # (run, term, cause) -> failures
+    gpu_samples: int = 0
+    expected_alerts: set = field(default_factory=set)  # (rule, key, state)
     undelivered: int = 0
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
-            "spans": self.spans, "steps": self.steps, "rollouts": self.rollouts, "undelivered": self.undelivered,
+            "spans": self.spans, "step_events": self.step_events, "gpu_samples": self.gpu_samples,
+            "undelivered": self.undelivered,
+            "rollouts": dict(sorted(self.rollouts.items())),
+            "clipped": {f"{r}/{s}": n for (r, s), n in sorted(self.clipped.items())},
             "graded": {f"{r}/{t}": n for (r, t), n in sorted(self.graded.items())},
             "failures": {f"{r}/{t}/{c}": n for (r, t, c), n in sorted(self.failures.items())},
+            "expected_alerts": sorted("/".join(a) for a in self.expected_alerts),
         }
 
 
-def simulate(
-    settings: Settings,
-    project: str,
-    runs: int = 3,
-    steps: int = 4,
-    rollouts_per_step: int = 8,
-    seed: int = 7,
-    progress: Callable[[str], None] = lambda line: None,
-    stall_s: float = 0.0,
-) -> GroundTruth:
-    """Publish ``runs`` short RL runs; every failure cause occurs in every run.
-
-    With ``stall_s``, the last run stops making progress after its first step for that long
-    while its heartbeats go on (a stalled job), then carries on.
-    """
-    rng = random.Random(seed)
+def simulate(settings: Settings, config: SimConfig, progress: Callable[[str], None] = lambda line: None) -> GroundTruth:
+    """Publish the configured runs through the SDK; every failure cause occurs in every run."""
+    rng = random.Random(config.seed)
     truth = GroundTruth()
-    for r in range(runs):
-        run_id = f"{project}-run{r + 1}"
-        with TrainingTelemetry(project=project, run_id=run_id, attempt=1, trainer="rl", settings=settings) as tel:
-            truth.steps += 2  # RUN_START and RUN_END
-            for step in range(steps):
-                for i in range(rollouts_per_step):
-                    rollout_id = f"s{step}-r{i}"
-                    _one_rollout(tel, rng, truth, run_id, step, rollout_id, forced=(step * rollouts_per_step + i))
+    for r in range(config.runs):
+        run_id = f"{config.project}-run{r + 1}"
+        stall = config.stall_s if r == config.runs - 1 else 0.0
+        with TrainingTelemetry(project=config.project, run_id=run_id, attempt=1, trainer="rl", settings=settings) as tel:
+            truth.step_events += 2  # RUN_START and RUN_END
+            for step in range(config.steps):
+                for i in range(config.rollouts_per_step):
+                    _one_rollout(tel, rng, truth, config, run_id, step, i)
+                if config.gpu:
+                    _gpu_sample(tel, truth, run_id, step, first_run=(r == 0))
                 tel.step_completed(step=step, tokens=rng.randint(50_000, 150_000), duration_s=rng.uniform(2, 6),
                                    mfu=round(rng.uniform(0.3, 0.5), 3))
-                truth.steps += 1
-                if stall_s and r == runs - 1 and step == 0:
-                    progress(f"run {run_id}: stalling for {stall_s:.0f}s after step 0 (heartbeats go on)")
+                truth.step_events += 1
+                if stall and step == 0:
+                    progress(f"run {run_id}: stalling for {stall:.0f}s after step 0 (heartbeats go on)")
                     tel.flush(60.0)
-                    time.sleep(stall_s)
+                    time.sleep(stall)
+                    truth.expected_alerts |= {("stalled_run", f"{run_id}/1", "FIRING"), ("stalled_run", f"{run_id}/1", "RESOLVED")}
             truth.undelivered += tel.flush(60.0)
-        progress(f"run {run_id}: {steps} steps x {rollouts_per_step} rollouts published")
+        progress(f"run {run_id}: {config.steps} steps x {config.rollouts_per_step} rollouts published")
+    if config.silent_run:
+        _silent_run(settings, config, rng, truth)
+        progress(f"run {config.project}-silent: one step, then silence (no RUN_END)")
     return truth
 
 
-def _one_rollout(tel: TrainingTelemetry, rng: random.Random, truth: GroundTruth, run_id: str, step: int,
-                 rollout_id: str, forced: int) -> None:
-    max_tokens = 1024
-    completion = rng.randint(100, 1200)
+def _outcome(rng: random.Random, config: SimConfig, forced: int) -> str:
+    # The first calls of a run walk through every cause, so each appears at least once.
+    if forced < len(FAILURE_CAUSES):
+        return FAILURE_CAUSES[forced]
+    if rng.random() < config.failure_rate:
+        return rng.choices(FAILURE_CAUSES, weights=config.cause_weights)[0]
+    return "ok"
+
+
+def _one_rollout(tel: TrainingTelemetry, rng: random.Random, truth: GroundTruth, config: SimConfig, run_id: str,
+                 step: int, i: int) -> None:
     shares = {}
-    for t, term in enumerate(TERMS):
-        # The first rollouts of a run walk through every outcome so each cause appears at least once.
-        outcome = GRADER_OUTCOMES[forced - t * 2] if 0 <= forced - t * 2 < len(GRADER_OUTCOMES) else (
-            rng.choices(GRADER_OUTCOMES, weights=(80, 8, 5, 4, 3))[0])
-        score = round(rng.random(), 3) if outcome == "ok" else 0.0
-        shares[term] = score * (0.7 if term == "judge" else 0.3)
-        tel.grader(step=step, rollout_id=rollout_id, term=term, outcome=outcome, duration_s=rng.uniform(0.1, 3.0),
-                   score=score)
+    weight = 1.0 / len(config.terms)
+    for t, term in enumerate(config.terms):
+        outcome = _outcome(rng, config, (step * config.rollouts_per_step + i) * len(config.terms) + t)
+        score = round(rng.random(), 3) if outcome == "ok" else 0.0  # a failed score counts as zero
+        shares[term] = round(score * weight, 6)
+        tel.grader(step=step, rollout_id=f"s{step}-r{i}", term=term, outcome=outcome,
+                   duration_s=round(rng.uniform(0.1, 3.0), 3), score=score)
         truth.spans += 1
         truth.graded[(run_id, term)] += 1
         if outcome != "ok":
             truth.failures[(run_id, term, outcome)] += 1
-    tel.rollout(step=step, rollout_id=rollout_id, reward=sum(shares.values()), term_shares=shares,
-                completion_tokens=min(completion, max_tokens), max_tokens=max_tokens, sample_id=f"prompt-{step}-{rollout_id[-1]}")
+    clipped = rng.random() < config.clip_rate
+    tokens = MAX_TOKENS if clipped else rng.randint(50, MAX_TOKENS - 1)
+    tel.rollout(step=step, rollout_id=f"s{step}-r{i}", reward=round(sum(shares.values()), 6), term_shares=shares,
+                completion_tokens=tokens, max_tokens=MAX_TOKENS, sample_id=f"p{step}-{i // config.rollouts_per_sample}")
     truth.spans += 1
-    truth.rollouts += 1
+    truth.rollouts[run_id] += 1
+    truth.clipped[(run_id, step)] += int(clipped)
+
+
+def _gpu_sample(tel: TrainingTelemetry, truth: GroundTruth, run_id: str, step: int, first_run: bool) -> None:
+    """One export of a simulated GPU, as the poller publishes it (an XID and a slowdown on the first run)."""
+    hw_id = f"GPU-sim-{run_id}"
+    xid = first_run and step >= 1
+    slowdown = first_run and step == 2
+    sample = {
+        "project": tel.project, "run_id": run_id, "attempt": 1, "time_ns": time.time_ns(), "hw_id": hw_id,
+        "index": 0, "host": "sim-host", "node": "sim-node", "pod": "", "rank": 0, "role": "trainer",
+        "power_w": 300.0 + 10 * step, "temperature_c": 60.0 + step, "gpu_utilization": 0.9, "memory_used_bytes": 60 << 30,
+        "memory_total_bytes": 80 << 30, "memory_utilization": 0.75, "memory_activity": 0.4, "sm_clock_mhz": 1410.0,
+        "throttle_reasons": 0x8 | 0x1 if slowdown else 0x0, "xid_errors": 1 if xid else 0, "xid_last": 79 if xid else None,
+    }
+    tel._sender.offer(Outgoing(tel.settings.topic("hardware"), hw_id, "GpuSample", sample))  # noqa: SLF001
+    truth.gpu_samples += 1
+    if first_run and step == 2:
+        truth.expected_alerts |= {("xid", hw_id, "FIRING"), ("hw_slowdown", hw_id, "FIRING"),
+                                  ("hw_slowdown", hw_id, "RESOLVED")}
+
+
+def _silent_run(settings: Settings, config: SimConfig, rng: random.Random, truth: GroundTruth) -> None:
+    run_id = f"{config.project}-silent"
+    tel = TrainingTelemetry(project=config.project, run_id=run_id, attempt=1, trainer="rl",
+                            settings=dataclasses.replace(settings, heartbeat_interval=3600.0))
+    tel.start()
+    truth.step_events += 1
+    for i in range(config.rollouts_per_step):
+        _one_rollout(tel, rng, truth, config, run_id, 0, i)
+    tel.step_completed(step=0)
+    truth.step_events += 1
+    truth.undelivered += tel.abandon()
+    truth.expected_alerts.add(("silent_run", f"{run_id}/1", "FIRING"))

@@ -103,6 +103,12 @@ class TrainingTelemetry:
             log.warning("run %s/%d: %d events undelivered, %d dropped (buffer full)", self.run_id, self.attempt, undelivered, self._sender.dropped)
         return undelivered
 
+    def abandon(self, timeout: float = 30.0) -> int:
+        """Stop as a crashed job would, without RUN_END (for simulations); delivers what is buffered."""
+        self._open = False
+        self._stop_heartbeat.set()
+        return self._sender.close(timeout)
+
     @property
     def dropped(self) -> int:
         """Events dropped because the buffer was full."""

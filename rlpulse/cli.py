@@ -78,13 +78,15 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     import json
 
-    from producers.simulator import simulate
+    from producers.simulator import SimConfig, simulate
     from rlpulse.topics import ensure_topics
 
     settings = _settings(args)
     ensure_topics(settings)
-    truth = simulate(settings, project=args.project, runs=args.runs, steps=args.steps,
-                     rollouts_per_step=args.rollouts, seed=args.seed, progress=print)
+    config = SimConfig(project=args.project, runs=args.runs, steps=args.steps, rollouts_per_step=args.rollouts,
+                       terms=tuple(args.terms.split(",")), failure_rate=args.failure_rate, clip_rate=args.clip_rate,
+                       seed=args.seed, stall_s=args.stall_s, silent_run=args.silent_run, gpu=args.gpu)
+    truth = simulate(settings, config, progress=print)
     if args.ground_truth:
         with open(args.ground_truth, "w") as f:
             json.dump(truth.as_dict(), f, indent=2, sort_keys=True)
@@ -182,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--rollouts", type=int, default=8, help="rollouts per step")
+    p.add_argument("--terms", default="judge,format", help="reward terms, comma-separated")
+    p.add_argument("--failure-rate", type=float, default=0.2, help="share of grader calls that fail")
+    p.add_argument("--clip-rate", type=float, default=0.15, help="share of completions truncated at max tokens")
+    p.add_argument("--stall-s", type=float, default=0.0, help="the last run stalls after step 0 for this long")
+    p.add_argument("--silent-run", action="store_true", help="add a run that dies after one step without RUN_END")
+    p.add_argument("--gpu", action="store_true", help="a simulated GPU per run (the first with an XID and a slowdown)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--ground-truth", help="write what was sent as JSON to this file")
     _add_common(p)

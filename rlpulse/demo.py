@@ -21,7 +21,7 @@ def _say(line: str) -> None:
 
 
 def run_demo(settings: Settings) -> int:
-    from producers.simulator import simulate
+    from producers.simulator import SimConfig, simulate
     from sinks.clickhouse import open_store
     from sinks.report import failures_by_cause, print_report
 
@@ -38,11 +38,12 @@ def run_demo(settings: Settings) -> int:
         pipeline.start()
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         _say(f"simulating 3 training runs of project {project} through the SDK")
-        truth = simulate(settings, project=project, runs=3, steps=4, rollouts_per_step=8, progress=_say,
-                         stall_s=DEMO_STALL_AFTER_S + 3)
+        config = SimConfig(project=project, runs=3, steps=4, rollouts_per_step=8, stall_s=DEMO_STALL_AFTER_S + 3,
+                           gpu=True)
+        truth = simulate(settings, config, progress=_say)
         # the last window closes at its end + lateness; the per-step figures settle within seconds after
         last_close = (time.time_ns() // int(DEMO_WINDOW_S * 1e9) + 1) * int(DEMO_WINDOW_S * 1e9) + int((DEMO_LATENESS_S + 3) * 1e9)
-        _say(f"published {truth.spans} spans and {truth.steps} step events; waiting for the last "
+        _say(f"published {truth.spans} spans, {truth.step_events} step events and {truth.gpu_samples} GPU samples; waiting for the last "
              f"{DEMO_WINDOW_S:.0f}s window to close and the sink to catch up")
         pipeline.wait_caught_up(last_close, progress=_say)
         _say("caught up; stopping the sink and the streams")
@@ -51,6 +52,9 @@ def run_demo(settings: Settings) -> int:
         _say(f"report from ClickHouse ({store.url}, database {store.database})")
         print_report(store, project=project)
         columns, rows = failures_by_cause(store, project)
+        fired = set(store.client.query(
+            f"SELECT rule, key, state FROM {store.database}.alerts FINAL WHERE project = {{p:String}}",
+            parameters={"p": project}).result_rows)
     stored = {(r[0], r[2]): r[3] for r in rows}
     sent: dict[tuple[str, str], int] = {}
     for (run_id, _term, cause), n in truth.failures.items():
@@ -59,6 +63,11 @@ def run_demo(settings: Settings) -> int:
     if mismatches:
         _say(f"MISMATCH between what was sent and ClickHouse (sent, stored): {mismatches}")
         return 1
+    missing = truth.expected_alerts - fired
+    if missing:
+        _say(f"MISSING alerts the simulation should have caused: {sorted(missing)}")
+        return 1
+    _say(f"every alert the simulation should cause fired and resolved as expected ({len(truth.expected_alerts)})")
     _say(f"ClickHouse agrees with what the simulator sent: {sum(sent.values())} grader failures in "
          f"{len({run for run, _ in sent})} runs, every cause accounted for")
     _say(f"done in {time.monotonic() - started:.0f}s")

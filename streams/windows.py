@@ -85,7 +85,8 @@ class GraderFailures:
             "causes": {cause: 0 for cause in CAUSES}, "durations": ExpHistogram().to_dict(),
         }
         value["graded"] += 1
-        durations = ExpHistogram.from_dict(value["durations"])
+        # state written by an older version has no durations: start them here
+        durations = ExpHistogram.from_dict(value["durations"]) if "durations" in value else ExpHistogram()
         durations.add(max(span.get("end_time_ns", 0) - span.get("start_time_ns", 0), 0) / NS)
         value["durations"] = durations.to_dict()
         outcome = span.get("outcome") or "ok"
@@ -115,6 +116,6 @@ class GraderFailures:
              "term": value["term"], "cause": cause, "window_start_ns": value["start_ns"],
              "window_end_ns": value["start_ns"] + self.size_ns, "failures": count, "graded": value["graded"],
              "source_partition": value["partition"], "emitted_at_ns": emitted_at_ns,
-             "duration_histogram": json.dumps(value["durations"], separators=(",", ":"))}
+             "duration_histogram": json.dumps(value.get("durations", ExpHistogram().to_dict()), separators=(",", ":"))}
             for cause, count in sorted(value["causes"].items())
         ]
