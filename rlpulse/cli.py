@@ -141,6 +141,16 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gpu_poller(args: argparse.Namespace) -> int:
+    from producers.gpu_poller import main as poll
+    from rlpulse.settings import parse_duration
+
+    indices = [int(i) for i in args.gpus.split(",")] if args.gpus else None
+    return poll(_settings(args), indices=indices, sample_interval=parse_duration(args.sample_interval),
+                export_interval=parse_duration(args.export_interval), run_id=args.run_id, attempt=args.attempt,
+                role=args.role, rank=args.rank, project=args.project, node=args.node, pod=args.pod)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from sinks.clickhouse import open_store
     from sinks.report import print_report
@@ -210,6 +220,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="stop at the end of what is on the topic now")
     _add_common(p)
     p.set_defaults(func=cmd_alerts)
+
+    p = sub.add_parser("gpu-poller", help="publish NVML figures, XIDs and placements of this host's GPUs")
+    p.add_argument("--gpus", help="GPU indices, comma-separated (default: all visible)")
+    p.add_argument("--sample-interval", default="5s", help="NVML read interval")
+    p.add_argument("--export-interval", default="15s", help="publish interval (means, ORs, latest values)")
+    p.add_argument("--run-id", help="publish a placement for this run while polling")
+    p.add_argument("--attempt", type=int, default=1)
+    p.add_argument("--role", default="trainer")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--project", default="")
+    p.add_argument("--node", default="")
+    p.add_argument("--pod", default="")
+    _add_common(p)
+    p.set_defaults(func=cmd_gpu_poller)
 
     p = sub.add_parser("status", help="local services and consumer lag of the streams and the sink")
     _add_common(p)
