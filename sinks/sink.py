@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from clickhouse_connect.driver.exceptions import DataError, OperationalError
 
 from rlpulse.settings import DLQ_TOPIC, SCHEMAS_TOPIC, Settings
 from schemas.codec import Codec, DecodeError
@@ -29,16 +30,25 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Buffer:
     rows: list[list[Any]] = field(default_factory=list)
+    messages: list[Any] = field(default_factory=list)  # the Kafka message of each row, for dead letters
     # (topic, partition) -> [first offset, last offset] of the messages in ``rows``
     ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
 
-    def add(self, row: list[Any], topic: str, partition: int, offset: int) -> None:
+    def add(self, row: list[Any], topic: str, partition: int, offset: int, message: Any = None) -> None:
         self.rows.append(row)
+        self.messages.append(message)
         span = self.ranges.setdefault((topic, partition), [offset, offset])
         span[1] = offset
 
     def token(self, table: str) -> str:
         return table + ";" + ";".join(f"{t}:{p}:{a}-{b}" for (t, p), (a, b) in sorted(self.ranges.items()))
+
+    def split(self) -> tuple["_Buffer", "_Buffer"]:
+        halves = (_Buffer(), _Buffer())
+        middle = len(self.rows) // 2
+        for i, (row, msg) in enumerate(zip(self.rows, self.messages)):
+            halves[i >= middle].add(row, msg.topic, msg.partition, msg.offset, msg)
+        return halves
 
 
 @dataclass
@@ -61,15 +71,17 @@ class ClickHouseSink:
         self._buffers: dict[str, _Buffer] = defaultdict(_Buffer)
         self._buffered = 0
         self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         kafka = self.settings.kafka_client_kwargs()
+        self._producer = AIOKafkaProducer(acks="all", **kafka)
         resolver = SchemaResolver(Codec(), self.settings.topic(SCHEMAS_TOPIC), kafka)
         consumer = AIOKafkaConsumer(
             group_id=self.settings.sink_group, enable_auto_commit=False, auto_offset_reset="earliest",
             max_poll_records=self.batch_rows, **kafka,
         )
-        producer = AIOKafkaProducer(acks="all", **kafka)
+        producer = self._producer
         await consumer.start()
         await producer.start()
         self._consumer = consumer
@@ -104,7 +116,7 @@ class ClickHouseSink:
             self.stats.dead_letters += 1
             log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
             return
-        self._buffers[spec.table].add(row, msg.topic, msg.partition, msg.offset)
+        self._buffers[spec.table].add(row, msg.topic, msg.partition, msg.offset, msg)
         self._buffered += 1
 
     async def checkpoint(self) -> None:
@@ -120,8 +132,15 @@ class ClickHouseSink:
         self.stats.checkpoints += 1
 
     async def _insert(self, table: str, buf: _Buffer) -> None:
+        """Insert ``buf``; retry while ClickHouse is unreachable; dead-letter the rows it rejects.
+
+        Unreachable (an OperationalError) is retried with backoff for as long as it lasts, so
+        nothing is dropped and the sink does not spin. Any other error is retried twice (a busy
+        server), then the batch is split in halves until the rows ClickHouse rejects stand
+        alone; those go to the dead-letter topic with the reason, and the rest are inserted.
+        """
         spec = next(s for s in TABLES.values() if s.table == table)
-        backoff = 0.2
+        backoff, failures = 0.2, 0
         while True:
             try:
                 await asyncio.to_thread(
@@ -129,11 +148,30 @@ class ClickHouseSink:
                     column_names=list(spec.columns), settings={"insert_deduplication_token": buf.token(table)},
                 )
                 return
-            except Exception as exc:  # ClickHouse unreachable or busy: keep the rows, back off, retry
-                log.warning("insert of %d rows into %s failed (%s: %s); retrying in %.1fs",
-                            len(buf.rows), table, type(exc).__name__, str(exc)[:200], backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+            except OperationalError as exc:  # ClickHouse unreachable: keep the rows, back off, retry
+                reason = exc
+            except Exception as exc:
+                failures += 1
+                if failures > 2 or isinstance(exc, (DataError, ValueError, TypeError)):
+                    await self._isolate(table, buf, exc)
+                    return
+                reason = exc
+            log.warning("insert of %d rows into %s failed (%s: %s); retrying in %.1fs",
+                        len(buf.rows), table, type(reason).__name__, str(reason).splitlines()[0][:200], backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    async def _isolate(self, table: str, buf: _Buffer, exc: Exception) -> None:
+        if len(buf.rows) == 1:
+            msg = buf.messages[0]
+            reason = f"ClickHouse rejected the {table} row: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            await send_dead_letter(self._producer, self.settings.topic(DLQ_TOPIC), msg, reason)
+            self.stats.dead_letters += 1
+            self.stats.rows[table] -= 1
+            log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, reason)
+            return
+        for half in buf.split():
+            await self._insert(table, half)
 
 
 class _CheckpointOnRevoke(ConsumerRebalanceListener):

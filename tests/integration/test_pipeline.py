@@ -202,3 +202,27 @@ def test_a_retried_batch_leaves_the_same_rows(settings: Settings) -> None:
         asyncio.run(sink._insert("steps", buf))
         count = store.client.query(f"SELECT count() FROM {store.database}.steps").result_rows[0][0]
     assert count == 3
+
+
+def test_a_row_clickhouse_rejects_is_dead_lettered_and_the_rest_lands(settings: Settings) -> None:
+    """A Step with attempt -1 is valid Avro but does not fit the UInt32 column: it alone goes to the DLQ."""
+    from schemas.codec import Codec
+
+    codec = Codec()
+    ensure_topics(settings)
+    asyncio.run(_produce_raw(settings, "schemas", codec.fingerprint("Step"), codec.canonical("Step").encode()))
+    for attempt in (1, -1, 2):
+        step = dict(project="p", run_id="r", attempt=attempt, time_ns=time.time_ns(), type="STEP", trainer="rl",
+                    step=0, step_count=1)
+        asyncio.run(_produce_raw(settings, "steps", b"r", codec.encode("Step", step)))
+    with Pipeline(settings) as pipeline:
+        pipeline.start(("sink",))
+        pipeline.wait_caught_up(0)
+        pipeline.stop()
+    with open_store(settings.clickhouse_dsn, owner="test") as store:
+        attempts = store.client.query(f"SELECT attempt FROM {store.database}.steps ORDER BY attempt").result_rows
+    assert attempts == [(1,), (2,)]
+    [dead] = asyncio.run(_read_all(settings, "dlq"))
+    headers = dict(dead.headers)
+    assert headers["rlpulse.source.offset"] == b"1"
+    assert headers["rlpulse.reason"].startswith(b"ClickHouse rejected the steps row: DataError")
