@@ -25,4 +25,4 @@ test: services-up
 	$(BIN)/python -m pytest -v -rs tests
 
 bench: services-up
-	$(BIN)/rlpulse bench
+	$(BIN)/python bench/run.py
