@@ -147,13 +147,13 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
             self.book = AlertBook(PartitionView(alerts_table, p))
             self.steps = StepMerger(PartitionView(merge_table, p), SETTLE_S, lateness, retention)
             self.windows = GraderWindowMerger(PartitionView(merge_table, p), SETTLE_S, retention)
-            # Ages count from no earlier than this start, so our own downtime is not a stalled job.
+            # Ages count from no earlier than this partition's first event in this process (after
+            # recovery and any rebalance wait), so our own downtime never looks like a stalled job.
             self.stalls = StallDetector(PartitionView(stall_table, p), self.book, settings.stall_after,
-                                        settings.silent_after, resumed_ns=started_ns)
+                                        settings.silent_after, resumed_ns=clock())
             self.rules = PartitionView(rules_table, p)
 
     run_parts: dict[int, RunPartition] = {}
-    started_ns = clock()
 
     @app.agent(topic("steps", "step-partials", "grader-failures", "ticks"), concurrency=1)
     async def runs(stream: faust.StreamT) -> None:
