@@ -65,13 +65,37 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
+    from sinks import queries
     from sinks.clickhouse import open_store
-    from sinks.report import print_table
 
+    if args.list:
+        if args.sql or args.saved:
+            raise ValueError("--list takes no SQL and no --saved")
+        saved = queries.list_saved()
+        width = max((len(n) for n in saved), default=0)
+        for name, about in saved.items():
+            params = queries.placeholders(queries.load_saved(name))
+            takes = ("  (--param " + ", ".join(f"{n}: {t}" for n, t in params.items()) + ")") if params else ""
+            print(f"{name.ljust(width)}  {about}{takes}")
+        return 0
+    if bool(args.sql) == bool(args.saved):
+        raise ValueError("give either SQL or --saved NAME (or --list)")
+    params = queries.parse_params(args.param)
+    if args.saved:
+        queries.load_saved(args.saved)  # an unknown name fails before opening the store
     settings = _settings(args)
+    # This process's own store and client, used for the read-only query only (readonly=1 sticks to it).
     with open_store(settings.clickhouse_dsn, owner="rlpulse query") as store:
-        result = store.client.query(args.sql, settings={"readonly": 1})
-        print_table(result.column_names, result.result_rows)
+        sql = queries.saved_sql(args.saved, params, store.database) if args.saved else args.sql
+        try:
+            columns, rows = queries.run_query(store.client, sql, params)
+        except queries.ReadOnlyError as exc:
+            print(f"rlpulse query: {exc}", file=sys.stderr)
+            return 1
+        except queries.QueryError as exc:
+            print(f"rlpulse query: ClickHouse refused the query: {exc}", file=sys.stderr)
+            return 1
+    sys.stdout.write(queries.render(columns, rows, args.format))
     return 0
 
 
@@ -184,8 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_migrate)
 
-    p = sub.add_parser("query", help="run a read-only SQL query")
-    p.add_argument("sql")
+    p = sub.add_parser("query", help="run a read-only SQL query, or a saved one (--saved NAME, --list)")
+    p.add_argument("sql", nargs="?", help="SQL; {name:Type} placeholders take --param values")
+    p.add_argument("--saved", metavar="NAME", help="run the saved query NAME (sinks/queries/NAME.sql)")
+    p.add_argument("--list", action="store_true", help="list the saved queries")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="value of a {NAME:Type} placeholder, parsed by ClickHouse as Type (repeatable)")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
     _add_common(p)
     p.set_defaults(func=cmd_query)
 

@@ -1,0 +1,169 @@
+"""Ad-hoc and saved SQL queries (``rlpulse query``), run read-only.
+
+Saved queries are the ``.sql`` files in ``sinks/queries/``: the first comment line describes the
+query, ``{db}`` stands for the database name, and ``{name:Type}`` placeholders are ClickHouse
+server-side parameters: values travel as ``parameters=`` and ClickHouse parses them for the
+declared type, so nothing is pasted into the SQL text.
+
+Queries run with the setting ``readonly=1``. With clickhouse-connect's chDB backend a per-query
+setting stays on for that client's later queries, so the client handed to ``run_query`` must be
+used for nothing else afterwards (``rlpulse query`` opens a store of its own for that).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from contextlib import redirect_stdout
+from datetime import date, datetime
+from decimal import Decimal
+from ipaddress import IPv4Address, IPv6Address
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+from uuid import UUID
+
+SAVED = Path(__file__).parent / "queries"
+FORMATS = ("table", "csv", "json")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):([^{}]+)\}")
+
+
+class ReadOnlyError(RuntimeError):
+    """The query tried to change data or settings and ClickHouse refused it (readonly=1)."""
+
+
+class QueryError(RuntimeError):
+    """ClickHouse rejected the query (syntax, unknown table, bad parameter value, ...)."""
+
+
+def list_saved() -> dict[str, str]:
+    """Saved query name -> its first comment line."""
+    out = {}
+    for path in sorted(SAVED.glob("*.sql")):
+        first = next((line.strip()[2:].strip() for line in path.read_text().splitlines() if line.strip().startswith("--")), "")
+        out[path.stem] = first
+    return out
+
+
+def load_saved(name: str) -> str:
+    """The SQL text of saved query ``name``; ValueError naming the available ones when unknown."""
+    path = SAVED / f"{name}.sql"
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or not path.is_file():
+        raise ValueError(f"no saved query {name!r}; available: {', '.join(list_saved()) or '(none)'}")
+    return path.read_text()
+
+
+def placeholders(sql: str) -> dict[str, str]:
+    """``{name:Type}`` parameters of ``sql`` (comment lines ignored): name -> type."""
+    body = "\n".join(line for line in sql.splitlines() if not line.strip().startswith("--"))
+    return {m.group(1): m.group(2).strip() for m in _PLACEHOLDER.finditer(body)}
+
+
+def parse_params(items: Sequence[str] | None) -> dict[str, str]:
+    """``["name=value", ...]`` -> dict; values stay strings (ClickHouse parses them)."""
+    params: dict[str, str] = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"--param {item!r}: expected name=value")
+        params[name] = value
+    return params
+
+
+def saved_sql(name: str, params: Mapping[str, str], database: str) -> str:
+    """Saved query ``name`` for ``database``; ValueError when a parameter is missing or unknown."""
+    sql = load_saved(name)
+    wanted = placeholders(sql)
+    missing = [f"{n} ({t})" for n, t in wanted.items() if n not in params]
+    if missing:
+        raise ValueError(f"saved query {name} needs --param for: {', '.join(missing)}")
+    extra = sorted(set(params) - set(wanted))
+    if extra:
+        raise ValueError(f"saved query {name} takes no parameter {', '.join(extra)}; it takes: {', '.join(wanted) or 'none'}")
+    return sql.replace("{db}", database)
+
+
+def run_query(client: Any, sql: str, params: Mapping[str, str] | None = None) -> tuple[list[str], list[tuple]]:
+    """Run ``sql`` read-only on ``client`` (use that client for nothing else afterwards)."""
+    try:
+        result = client.query(sql, parameters=dict(params or {}), settings={"readonly": 1})
+    except Exception as exc:
+        if type(exc).__module__.startswith("clickhouse_connect") or "DB::Exception" in str(exc):
+            reason = _one_line(exc)
+            if "READONLY" in reason or "readonly mode" in reason or re.search(r"\bCode: 164\b", reason):
+                raise ReadOnlyError(f"refused: queries run read-only (readonly=1): {reason}") from None
+            raise QueryError(reason) from None
+        raise
+    columns, rows = list(result.column_names), [tuple(r) for r in result.result_rows]
+    if not columns and not rows:
+        columns = _columns_of(client, sql, params)
+    return columns, rows
+
+
+def _columns_of(client: Any, sql: str, params: Mapping[str, str] | None) -> list[str]:
+    """Column names of a query that returned no rows (the chDB backend then reports none): DESCRIBE it."""
+    try:
+        described = client.query(f"DESCRIBE ({sql.strip().rstrip(';')})", parameters=dict(params or {}),
+                                 settings={"readonly": 1})
+    except Exception:  # not a SELECT (SHOW, EXPLAIN, ...): no header then
+        return []
+    return [row[0] for row in described.result_rows]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    # A server's message may go on with "(version ...)" and a stack trace: keep what comes before.
+    text = " ".join(text.split(" (version ")[0].split())
+    return text if len(text) <= 600 else text[:597] + "..."
+
+
+def _plain(v: Any) -> Any:
+    """A JSON-able value."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, (datetime, date)):
+        return v.isoformat()
+    if isinstance(v, Decimal):
+        return float(v)
+    if isinstance(v, (UUID, IPv4Address, IPv6Address)):
+        return str(v)
+    if isinstance(v, bytes):
+        return v.decode(errors="replace")
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return v
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (list, tuple, dict)):
+        return json.dumps(_plain(v), separators=(",", ":"))
+    if isinstance(v, (datetime, date)):
+        return v.isoformat()
+    return str(v)
+
+
+def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "table") -> str:
+    """Rows as ``table`` (``sinks.report.print_table``'s aligned text), ``csv`` (a header, then rows; NULL
+    empty, arrays and maps as JSON, times in ISO 8601) or ``json`` (a list of objects; NaN and inf as null)."""
+    if fmt == "table":
+        from sinks.report import print_table
+
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            print_table(columns, rows)
+        return buf.getvalue()
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows([_text(v) for v in row] for row in rows)
+        return buf.getvalue()
+    if fmt == "json":
+        return json.dumps([dict(zip(columns, (_plain(v) for v in row))) for row in rows], indent=2) + "\n"
+    raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
