@@ -137,7 +137,10 @@ def _gpu_sample(tel: TrainingTelemetry, truth: GroundTruth, run_id: str, step: i
         "memory_total_bytes": 80 << 30, "memory_utilization": 0.75, "memory_activity": 0.4, "sm_clock_mhz": 1410.0,
         "throttle_reasons": 0x8 | 0x1 if slowdown else 0x0, "xid_errors": 1 if xid else 0, "xid_last": 79 if xid else None,
     }
-    tel._sender.offer(Outgoing(tel.settings.topic("hardware"), hw_id, "GpuSample", sample))  # noqa: SLF001
+    placement = {key: sample[key] for key in ("project", "run_id", "attempt", "time_ns", "role", "rank", "pod", "node",
+                                              "host", "index", "hw_id")}
+    for schema, record in (("GpuSample", sample), ("Placement", dict(placement, stage=""))):
+        tel._sender.offer(Outgoing(tel.settings.topic("hardware"), hw_id, schema, record))  # noqa: SLF001
     truth.gpu_samples += 1
     if first_run and step == 2:
         truth.expected_alerts |= {("xid", hw_id, "FIRING"), ("hw_slowdown", hw_id, "FIRING"),
