@@ -84,12 +84,12 @@ class Pipeline:
         self.log_dir = log_dir or settings.home / "logs"
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, which: tuple[str, ...] = ("streams", "sink")) -> None:
+    def start(self, which: tuple[str, ...] = ("streams", "sink"), extra_env: dict[str, str] | None = None) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for name in which:
             log = open(self.log_dir / f"{name}.log", "ab")
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "rlpulse.cli", name], env=settings_env(self.settings),
+                [sys.executable, "-m", "rlpulse.cli", name], env={**settings_env(self.settings), **(extra_env or {})},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -72,6 +74,9 @@ class ClickHouseSink:
         self._buffered = 0
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+        # Fault injection for the crash tests: SIGKILL this process after N inserts, before the commit.
+        self._kill_after = int(os.environ.get("RLPULSE_FAULT_KILL_AFTER_INSERTS", "0"))
+        self._inserts = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         kafka = self.settings.kafka_client_kwargs()
@@ -147,6 +152,10 @@ class ClickHouseSink:
                     self.store.client.insert, f"{self.store.database}.{table}", buf.rows,
                     column_names=list(spec.columns), settings={"insert_deduplication_token": buf.token(table)},
                 )
+                self._inserts += 1
+                if self._kill_after and self._inserts >= self._kill_after:
+                    log.warning("fault injection: SIGKILL after %d inserts, before the offset commit", self._inserts)
+                    os.kill(os.getpid(), signal.SIGKILL)
                 return
             except OperationalError as exc:  # ClickHouse unreachable: keep the rows, back off, retry
                 reason = exc
@@ -190,8 +199,6 @@ class _CheckpointOnRevoke(ConsumerRebalanceListener):
 
 async def serve(settings: Settings, store: Store, batch_rows: int = 5000, flush_interval: float = 1.0) -> SinkStats:
     """Run the sink until SIGTERM or SIGINT, then write and commit what was read."""
-    import signal
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
