@@ -61,6 +61,8 @@ class Settings:
     kafka_sasl_password: str = dataclasses.field(default="", repr=False)
     kafka_ssl_cafile: str = ""
     alerts: AlertThresholds = dataclasses.field(default_factory=AlertThresholds)
+    ttl_raw_days: int = 90  # spans, steps, GPU samples, placements
+    ttl_aggregate_days: int = 365  # windows, step figures, histograms, alerts
 
     # Environment variable -> field, with the parser for its text.
     _ENV = {
@@ -79,6 +81,8 @@ class Settings:
         "RLPULSE_KAFKA_SASL_USERNAME": ("kafka_sasl_username", str),
         "RLPULSE_KAFKA_SASL_PASSWORD": ("kafka_sasl_password", str),
         "RLPULSE_KAFKA_SSL_CAFILE": ("kafka_ssl_cafile", str),
+        "RLPULSE_TTL_RAW_DAYS": ("ttl_raw_days", int),
+        "RLPULSE_TTL_AGGREGATE_DAYS": ("ttl_aggregate_days", int),
         "RLPULSE_ALERT_GRADER_FAILURE_RATE": ("alerts.grader_failure_rate", float),
         "RLPULSE_ALERT_GRADER_MIN_GRADED": ("alerts.grader_min_graded", int),
         "RLPULSE_ALERT_CLIPPED_RISING_STEPS": ("alerts.clipped_rising_steps", int),

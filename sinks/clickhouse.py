@@ -98,8 +98,12 @@ def open_store(dsn: str, owner: str = "rlpulse", database: str | None = None) ->
     raise ValueError(f"RLPULSE_CLICKHOUSE_URL: unsupported scheme {parts.scheme!r}; use chdb:///path or http://user:pass@host:8123/db")
 
 
-def migrate(store: Store) -> list[str]:
-    """Apply the numbered migrations not yet recorded; safe to run twice. Returns those applied now."""
+def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365) -> list[str]:
+    """Apply the numbered migrations not yet recorded; safe to run twice. Returns those applied now.
+
+    The TTLs (raw events, aggregates) apply to the tables a migration creates; change them on
+    existing tables with ``ALTER TABLE … MODIFY TTL``.
+    """
     db = store.database
     if not _NAME.match(db):
         raise ValueError(f"invalid database name {db!r}")
@@ -114,7 +118,8 @@ def migrate(store: Store) -> list[str]:
     for path in sorted(MIGRATIONS.glob("*.sql")):
         if path.stem in done:
             continue
-        for statement in _statements(path.read_text().replace("{db}", db)):
+        sql = path.read_text().replace("{db}", db).replace("{ttl_raw_days}", str(int(ttl_raw_days)))
+        for statement in _statements(sql.replace("{ttl_aggregate_days}", str(int(ttl_aggregate_days)))):
             client.command(statement)
         client.insert(f"{db}.schema_migrations", [[path.stem]], column_names=["version"])
         applied.append(path.stem)

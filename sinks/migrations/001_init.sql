@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS {db}.spans (
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(end_time)
 ORDER BY (project, run_id, attempt, sequence_id, span_id)
-TTL toDateTime(end_time) + INTERVAL 90 DAY
+TTL toDateTime(end_time) + INTERVAL {ttl_raw_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS {db}.steps (
@@ -58,7 +58,7 @@ CREATE TABLE IF NOT EXISTS {db}.steps (
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(time)
 ORDER BY (project, run_id, attempt, time_ns, type)
-TTL toDateTime(time) + INTERVAL 90 DAY
+TTL toDateTime(time) + INTERVAL {ttl_raw_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS {db}.gpu_samples (
@@ -88,7 +88,7 @@ CREATE TABLE IF NOT EXISTS {db}.gpu_samples (
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(time)
 ORDER BY (hw_id, time_ns)
-TTL toDateTime(time) + INTERVAL 90 DAY
+TTL toDateTime(time) + INTERVAL {ttl_raw_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS {db}.placements (
@@ -108,7 +108,7 @@ CREATE TABLE IF NOT EXISTS {db}.placements (
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(time)
 ORDER BY (project, run_id, attempt, role, rank, time_ns)
-TTL toDateTime(time) + INTERVAL 90 DAY
+TTL toDateTime(time) + INTERVAL {ttl_raw_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
 
 -- One row per (run, attempt, term, cause, window, source partition): the streams count each
@@ -131,7 +131,7 @@ CREATE TABLE IF NOT EXISTS {db}.grader_failures (
 ) ENGINE = ReplacingMergeTree(emitted_at_ns)
 PARTITION BY toDate(window_start)
 ORDER BY (project, run_id, attempt, term, cause, window_start_ns, source_partition)
-TTL toDateTime(window_start) + INTERVAL 365 DAY
+TTL toDateTime(window_start) + INTERVAL {ttl_aggregate_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS {db}.alerts (
@@ -152,5 +152,5 @@ CREATE TABLE IF NOT EXISTS {db}.alerts (
 ) ENGINE = ReplacingMergeTree
 PARTITION BY toDate(time)
 ORDER BY (rule, key, first_seen_ns, state)
-TTL toDateTime(time) + INTERVAL 365 DAY
+TTL toDateTime(time) + INTERVAL {ttl_aggregate_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;

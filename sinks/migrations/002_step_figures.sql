@@ -25,7 +25,7 @@ CREATE TABLE IF NOT EXISTS {db}.step_stats (
 ) ENGINE = ReplacingMergeTree(emitted_at_ns)
 PARTITION BY toDate(emitted_at)
 ORDER BY (project, run_id, attempt, step)
-TTL toDateTime(emitted_at) + INTERVAL 365 DAY
+TTL toDateTime(emitted_at) + INTERVAL {ttl_aggregate_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS {db}.reward_histograms (
@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS {db}.reward_histograms (
 ) ENGINE = ReplacingMergeTree(emitted_at_ns)
 PARTITION BY toDate(emitted_at)
 ORDER BY (project, run_id, attempt, step, term)
-TTL toDateTime(emitted_at) + INTERVAL 365 DAY
+TTL toDateTime(emitted_at) + INTERVAL {ttl_aggregate_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS {db}.completion_length_histograms (
@@ -67,5 +67,5 @@ CREATE TABLE IF NOT EXISTS {db}.completion_length_histograms (
 ) ENGINE = ReplacingMergeTree(emitted_at_ns)
 PARTITION BY toDate(emitted_at)
 ORDER BY (project, run_id, attempt, step)
-TTL toDateTime(emitted_at) + INTERVAL 365 DAY
+TTL toDateTime(emitted_at) + INTERVAL {ttl_aggregate_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;

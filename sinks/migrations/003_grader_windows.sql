@@ -20,5 +20,5 @@ CREATE TABLE IF NOT EXISTS {db}.grader_windows (
 ) ENGINE = ReplacingMergeTree(emitted_at_ns)
 PARTITION BY toDate(window_start)
 ORDER BY (project, run_id, attempt, term, window_start_ns)
-TTL toDateTime(window_start) + INTERVAL 365 DAY
+TTL toDateTime(window_start) + INTERVAL {ttl_aggregate_days} DAY
 SETTINGS non_replicated_deduplication_window = 10000;

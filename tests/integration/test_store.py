@@ -45,3 +45,12 @@ def test_clickhouse_password_never_appears_in_errors() -> None:
         open_store(url)
     assert "s3cret-pw" not in str(err.value) and "***" in str(err.value)
     assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+def test_ttls_come_from_settings(tmp_path: Path) -> None:
+    with open_store(f"chdb://{tmp_path / 'ch'}", owner="test") as store:
+        migrate(store, ttl_raw_days=7, ttl_aggregate_days=30)
+        spans = store.client.command("SHOW CREATE TABLE rlpulse.spans")
+        windows = store.client.command("SHOW CREATE TABLE rlpulse.grader_windows")
+    assert "toIntervalDay(7)" in spans or "INTERVAL 7 DAY" in spans
+    assert "toIntervalDay(30)" in windows or "INTERVAL 30 DAY" in windows
