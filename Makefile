@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 # Everything the local services and the chDB store write lives in the checkout (git ignores it).
 export RLPULSE_HOME ?= $(CURDIR)/.rlpulse
 
-.PHONY: demo test bench services-up services-down
+.PHONY: demo test bench services-up services-down browser
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,7 +21,13 @@ services-down: $(VENV)/.installed
 demo: services-up
 	$(BIN)/rlpulse demo
 
-test: services-up
+# The HTML report test renders the page in Debian's headless Chromium; install it where we may.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium is not installed (needs root and apt): the HTML report test will be skipped"
+
+test: services-up browser
 	$(BIN)/python -m pytest -v -rs tests
 
 bench: services-up
