@@ -179,9 +179,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     from sinks.clickhouse import open_store
     from sinks.report import print_report
 
+    if bool(args.html) != bool(args.run):
+        raise ValueError("RUN and --html go together: rlpulse report RUN --html out.html")
     settings = _settings(args)
     with open_store(settings.clickhouse_dsn, owner="rlpulse report") as store:
-        print_report(store, project=args.project)
+        if args.html:
+            from sinks.html_report import write_report
+
+            print(f"wrote {write_report(store, args.run, args.html, attempt=args.attempt)}")
+        else:
+            print_report(store, project=args.project)
     return 0
 
 
@@ -268,8 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("report", help="print figures read from ClickHouse")
-    p.add_argument("--project", help="only this project")
+    p = sub.add_parser("report", help="print figures read from ClickHouse, or write one run's charts as HTML")
+    p.add_argument("run", nargs="?", help="run_id; with --html, the run the page shows")
+    p.add_argument("--html", metavar="PATH", help="write a self-contained HTML page of RUN's charts to PATH")
+    p.add_argument("--attempt", type=int, help="attempt of RUN (default: the latest one with data)")
+    p.add_argument("--project", help="only this project (text report)")
     _add_common(p)
     p.set_defaults(func=cmd_report)
     return parser
