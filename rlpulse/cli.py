@@ -49,7 +49,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     settings = _settings(args)
     ensure_topics(settings)
     with open_store(settings.clickhouse_dsn, owner="rlpulse sink") as store:
-        migrate(store)
+        migrate(store, settings.ttl_raw_days, settings.ttl_aggregate_days)
         asyncio.run(serve(settings, store, batch_rows=args.batch_rows, flush_interval=args.flush_interval))
     return 0
 
@@ -59,7 +59,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     with open_store(settings.clickhouse_dsn, owner="rlpulse migrate") as store:
-        applied = migrate(store)
+        applied = migrate(store, settings.ttl_raw_days, settings.ttl_aggregate_days)
         print(f"{store.url}: database {store.database}: " + (f"applied {', '.join(applied)}" if applied else "up to date"))
     return 0
 
