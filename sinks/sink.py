@@ -148,9 +148,10 @@ class ClickHouseSink:
         backoff, failures = 0.2, 0
         while True:
             try:
+                columns = [list(column) for column in zip(*buf.rows)]  # column-oriented: no transpose in the driver
                 await asyncio.to_thread(
-                    self.store.client.insert, f"{self.store.database}.{table}", buf.rows,
-                    column_names=list(spec.columns), settings={"insert_deduplication_token": buf.token(table)},
+                    self.store.client.insert, f"{self.store.database}.{table}", columns, column_names=list(spec.columns),
+                    column_oriented=True, settings={"insert_deduplication_token": buf.token(table)},
                 )
                 self._inserts += 1
                 if self._kill_after and self._inserts >= self._kill_after:
