@@ -26,7 +26,7 @@ import faust
 from rlpulse.settings import SCHEMAS_TOPIC, Settings
 from schemas.codec import Codec, DecodeError
 from schemas.registry import SchemaResolver
-from streams.alerting import AlertBook, grader_failure_rate, hardware, hardware_tick, step_rules
+from streams.alerting import AlertBook, forget_run, grader_failure_rate, hardware, hardware_tick, step_rules
 from streams.merge import GraderWindowMerger, StepMerger
 from streams.stall import StallDetector
 from streams.state import PartitionView
@@ -172,6 +172,9 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
                     await out.send("length-histograms", length_record(merged, now), "CompletionLengthHistogram")
                     if first:
                         alerts += step_rules(part.book, part.rules, stats, thresholds, now)
+                while part.steps.forgotten:  # an ended run's step-rule state goes with its merge record
+                    _, run_id, attempt = part.steps.forgotten.pop()
+                    forget_run(part.rules, run_id, attempt)
                 for window in part.windows.tick(now):
                     await out.send("grader-windows", window, "GraderWindow")
                     alerts += grader_failure_rate(part.book, window, thresholds, now)

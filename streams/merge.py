@@ -21,6 +21,7 @@ class StepMerger:
         self.settle_ns = int(settle_s * 1e9)
         self.lateness_ns = int(lateness_s * 1e9)
         self.retention_ns = int(retention_s * 1e9)
+        self.forgotten: list[tuple[str, str, int]] = []  # (project, run_id, attempt) of runs dropped by tick
 
     @staticmethod
     def _run_key(project: str, run_id: str, attempt: int) -> str:
@@ -88,6 +89,7 @@ class StepMerger:
                 ended_runs.add(key)
         for key in ended_runs:
             del self.state[key]
+            self.forgotten.append(tuple(json.loads(key)[1:]))
         return out
 
 

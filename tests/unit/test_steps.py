@@ -86,6 +86,9 @@ def test_partials_after_run_end_still_complete_their_steps():
     merger.on_partial(partial(1, 0, [1.0]), now_ns=3 * S)
     done = merger.tick(now_ns=5 * S)
     assert [(m["step"], first) for m, first in done] == [(0, True), (1, True)]
+    assert merger.forgotten == []
+    merger.tick(now_ns=100 * S)  # steps emitted and quiet past retention, run ended long ago: all forgotten
+    assert merger.state == {} and merger.forgotten == [("p", "r", 1)]
 
 
 def test_step_completes_when_the_next_step_begins_or_by_wall_clock():
