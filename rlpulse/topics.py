@@ -14,9 +14,14 @@ log = logging.getLogger(__name__)
 
 
 def topic_specs(settings: Settings) -> list[NewTopic]:
+    from streams.state import TABLES  # names only: no Faust import
+
     specs = [NewTopic(settings.topic(t), settings.partitions, 1) for t in RAW_TOPICS + DERIVED_TOPICS + INTERNAL_TOPICS]
     specs.append(NewTopic(settings.topic(DLQ_TOPIC), 1, 1))
     specs.append(NewTopic(settings.topic(SCHEMAS_TOPIC), 1, 1, topic_configs={"cleanup.policy": "compact"}))
+    compact = {"cleanup.policy": "compact"}
+    specs += [NewTopic(f"{settings.app_id}-{t}-changelog", settings.partitions, 1, topic_configs=compact) for t in TABLES]
+    specs.append(NewTopic(f"{settings.app_id}-__assignor-__leader", 1, 1))
     return specs
 
 

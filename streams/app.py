@@ -29,7 +29,7 @@ from schemas.registry import SchemaResolver
 from streams.alerting import AlertBook, forget_run, grader_failure_rate, hardware, hardware_tick, step_rules
 from streams.merge import GraderWindowMerger, StepMerger
 from streams.stall import StallDetector
-from streams.state import PartitionView
+from streams.state import TABLES, PartitionView
 from streams.steps import StepPartials, histogram_records, length_record, step_stats
 from streams.windows import NS, GraderFailures
 
@@ -68,6 +68,7 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
                          key_serializer="raw", value_serializer="raw", partitions=settings.partitions)
 
     def table(name: str) -> faust.Table:
+        assert name in TABLES, f"add {name!r} to streams.state.TABLES so its changelog is created up front"
         return app.Table(name, default=None, partitions=settings.partitions)
 
     async def decode(event: faust.EventT) -> dict[str, Any] | None:

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Iterator, MutableMapping
 
+# The app's Faust tables. Their changelog topics are created before the worker starts (see
+# rlpulse.topics): Faust creating them itself after its first assignment causes a second
+# rebalance at once, after which Faust may never commit some partitions (faust-streaming #318).
+TABLES = ("grader-windows", "step-partials", "step-merge", "stalls", "step-rules", "run-alerts", "gpus", "gpu-alerts")
+
 
 class PartitionView(MutableMapping[str, Any]):
     def __init__(self, table: MutableMapping[str, Any], partition: int):
