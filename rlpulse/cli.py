@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Callable
 
 from rlpulse.settings import Settings
 

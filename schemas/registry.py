@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any, Iterable
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import UnknownTopicOrPartitionError
 
 from schemas.codec import Codec, Decoded, UnknownSchemaError
@@ -27,6 +27,27 @@ async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[Topic
     except UnknownTopicOrPartitionError:
         return []
     return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+
+async def read_topic(kafka_kwargs: dict[str, Any], topic: str, last: int | None = None) -> list[ConsumerRecord]:
+    """Every message of ``topic`` up to its end offsets now (or the ``last`` N of each partition)."""
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest", **kafka_kwargs)
+    await consumer.start()
+    messages: list[ConsumerRecord] = []
+    try:
+        tps = await topic_partitions(consumer, topic)
+        if not tps:
+            return []
+        consumer.assign(tps)
+        end = await consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, 0 if last is None else max(end[tp] - last, 0))
+        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
+            for batch in (await consumer.getmany(timeout_ms=1000)).values():
+                messages.extend(batch)
+    finally:
+        await consumer.stop()
+    return messages
 
 
 async def publish_schemas(producer: AIOKafkaProducer, topic: str, codec: Codec, names: Iterable[str]) -> None:

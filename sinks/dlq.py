@@ -23,29 +23,13 @@ async def send_dead_letter(producer: AIOKafkaProducer, dlq_topic: str, msg: obje
 
 async def read_dead_letters(kafka_kwargs: dict, dlq_topic: str, limit: int = 100) -> list[dict]:
     """The last ``limit`` dead letters: source, reason and the size of the original bytes."""
-    from aiokafka import AIOKafkaConsumer
+    from schemas.registry import read_topic
 
-    from schemas.registry import topic_partitions
-
-    consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest", **kafka_kwargs)
-    await consumer.start()
-    letters: list[dict] = []
-    try:
-        tps = await topic_partitions(consumer, dlq_topic)
-        if not tps:
-            return []
-        consumer.assign(tps)
-        end = await consumer.end_offsets(tps)
-        for tp in tps:
-            consumer.seek(tp, max(end[tp] - limit, 0))
-        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
-            for messages in (await consumer.getmany(timeout_ms=1000)).values():
-                for msg in messages:
-                    headers = {k: v.decode(errors="replace") for k, v in msg.headers}
-                    letters.append({
-                        "time": msg.timestamp, "source": f"{headers.get(SOURCE_TOPIC)}[{headers.get(SOURCE_PARTITION)}]@{headers.get(SOURCE_OFFSET)}",
-                        "reason": headers.get(REASON, ""), "bytes": len(msg.value or b""),
-                    })
-    finally:
-        await consumer.stop()
+    letters = []
+    for msg in await read_topic(kafka_kwargs, dlq_topic, last=limit):
+        headers = {k: v.decode(errors="replace") for k, v in msg.headers}
+        letters.append({
+            "time": msg.timestamp, "source": f"{headers.get(SOURCE_TOPIC)}[{headers.get(SOURCE_PARTITION)}]@{headers.get(SOURCE_OFFSET)}",
+            "reason": headers.get(REASON, ""), "bytes": len(msg.value or b""),
+        })
     return sorted(letters, key=lambda d: d["time"])[-limit:]

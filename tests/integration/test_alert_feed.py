@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
-import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer

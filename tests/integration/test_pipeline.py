@@ -12,13 +12,13 @@ import asyncio
 import time
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from producers import TrainingTelemetry
 from rlpulse.pipeline import SINK_TOPICS, Pipeline, wait_groups_ready
 from rlpulse.settings import Settings
 from rlpulse.topics import ensure_topics
-from schemas.registry import topic_partitions
+from schemas.registry import read_topic, topic_partitions
 from sinks.clickhouse import open_store
 
 pytestmark = pytest.mark.integration
@@ -79,19 +79,7 @@ async def _produce_raw(settings: Settings, short: str, key: bytes, value: bytes)
 
 
 async def _read_all(settings: Settings, short: str) -> list:
-    consumer = AIOKafkaConsumer(auto_offset_reset="earliest", enable_auto_commit=False, **settings.kafka_client_kwargs())
-    await consumer.start()
-    try:
-        tps = await topic_partitions(consumer, settings.topic(short))
-        consumer.assign(tps)
-        end = await consumer.end_offsets(tps)
-        out = []
-        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
-            for messages in (await consumer.getmany(timeout_ms=1000)).values():
-                out.extend(messages)
-        return out
-    finally:
-        await consumer.stop()
+    return await read_topic(settings.kafka_client_kwargs(), settings.topic(short))
 
 
 async def _rewind_group(settings: Settings, group: str, shorts: tuple[str, ...]) -> None:

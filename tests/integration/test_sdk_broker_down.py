@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from producers import TrainingTelemetry
 from rlpulse import services
 from rlpulse.settings import Settings
 from rlpulse.topics import ensure_topics
 from schemas.codec import Codec
-from schemas.registry import topic_partitions
+from schemas.registry import read_topic
 
 pytestmark = [
     pytest.mark.integration,
@@ -32,19 +31,8 @@ BUFFER_BYTES = 20_000
 
 async def sequence_ids(settings: Settings) -> list[int]:
     codec = Codec()
-    consumer = AIOKafkaConsumer(auto_offset_reset="earliest", **settings.kafka_client_kwargs())
-    await consumer.start()
-    try:
-        tps = await topic_partitions(consumer, settings.topic("spans"))
-        consumer.assign(tps)
-        end = await consumer.end_offsets(tps)
-        ids = []
-        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
-            for messages in (await consumer.getmany(timeout_ms=1000)).values():
-                ids += [codec.decode(m.value).record["sequence_id"] for m in messages]
-        return sorted(ids)
-    finally:
-        await consumer.stop()
+    messages = await read_topic(settings.kafka_client_kwargs(), settings.topic("spans"))
+    return sorted(codec.decode(m.value).record["sequence_id"] for m in messages)
 
 
 def test_broker_down_calls_stay_fast_drops_are_counted_and_the_buffer_is_delivered(tmp_path: Path) -> None:
