@@ -21,7 +21,7 @@ from clickhouse_connect.driver.exceptions import DataError, OperationalError
 
 from rlpulse.settings import DLQ_TOPIC, SCHEMAS_TOPIC, Settings
 from schemas.codec import Codec, DecodeError
-from schemas.registry import SchemaResolver
+from schemas.registry import SchemaResolver, topic_partitions
 from sinks.clickhouse import Store
 from sinks.dlq import send_dead_letter
 from sinks.rows import TABLES, TOPIC_RECORDS
@@ -84,12 +84,16 @@ class ClickHouseSink:
         resolver = SchemaResolver(Codec(), self.settings.topic(SCHEMAS_TOPIC), kafka)
         consumer = AIOKafkaConsumer(
             group_id=self.settings.sink_group, enable_auto_commit=False, auto_offset_reset="earliest",
-            max_poll_records=self.batch_rows, **kafka,
+            max_poll_records=self.batch_rows, metadata_max_age_ms=30_000, **kafka,
         )
         producer = self._producer
         await consumer.start()
         await producer.start()
         self._consumer = consumer
+        # Subscribing before the topics' metadata has reached this client (a topic created moments
+        # ago) joins the group with no partitions, and aiokafka would only look again minutes later.
+        for topic in self._topics:
+            await topic_partitions(consumer, topic)
         consumer.subscribe(list(self._topics), listener=_CheckpointOnRevoke(self))
         log.info("sink consuming %s into %s (database %s)", ", ".join(sorted(self._topics)), self.store.url, self.store.database)
         last_checkpoint = time.monotonic()
