@@ -93,7 +93,7 @@ def bench_clickhouse_insert() -> dict:
 def bench_sdk_to_kafka() -> dict | None:
     """Events per second from SDK calls to broker acknowledgements (needs the local broker)."""
     from rlpulse import services
-    from rlpulse.topics import ensure_topics
+    from schemas.topics import ensure_topics
 
     settings = dataclasses.replace(Settings.load(), topic_prefix=f"bench{uuid.uuid4().hex[:6]}", heartbeat_interval=3600.0)
     if not services.broker_answers(settings.kafka_bootstrap, 5.0):

@@ -29,7 +29,7 @@ def cmd_services(args: argparse.Namespace) -> int:
 
 
 def cmd_streams(args: argparse.Namespace) -> int:
-    from rlpulse.topics import ensure_topics
+    from schemas.topics import ensure_topics
     from streams.app import run_worker
 
     settings = _settings(args)
@@ -41,7 +41,7 @@ def cmd_streams(args: argparse.Namespace) -> int:
 def cmd_sink(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rlpulse.topics import ensure_topics
+    from schemas.topics import ensure_topics
     from sinks.clickhouse import migrate, open_store
     from sinks.sink import serve
 
@@ -102,7 +102,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     import json
 
     from producers.simulator import SimConfig, simulate
-    from rlpulse.topics import ensure_topics
+    from schemas.topics import ensure_topics
 
     settings = _settings(args)
     ensure_topics(settings)
@@ -143,7 +143,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_dlq(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rlpulse.settings import DLQ_TOPIC
+    from schemas.catalogue import DLQ_TOPIC
     from sinks.dlq import read_dead_letters
     from sinks.report import print_table
 

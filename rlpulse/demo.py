@@ -8,7 +8,7 @@ import time
 from rlpulse import services
 from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.settings import Settings
-from rlpulse.topics import ensure_topics
+from schemas.topics import ensure_topics
 
 # Short windows so the demo's windows close (by wall clock) within seconds.
 DEMO_WINDOW_S = 5.0

@@ -17,11 +17,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from rlpulse.settings import Settings
-from schemas.registry import topic_partitions
+from schemas.topics import topic_partitions
 
-SINK_TOPICS = ("spans", "steps", "hardware", "grader-failures", "grader-windows", "alerts", "step-stats", "reward-histograms",
-               "length-histograms")
-STREAMS_TOPICS = ("spans", "steps", "hardware", "grader-failures", "step-partials")
+from schemas.catalogue import RAW_TOPICS, SINK_TOPICS
+
+STREAMS_TOPICS = RAW_TOPICS  # the streams' consumer group commits these (ticks are not waited on)
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -151,11 +151,3 @@ class Settings:
 
 
 _DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "silent_after", "heartbeat_interval"}
-
-# Topic short names; every full name is ``<prefix>.<short>``.
-RAW_TOPICS = ("spans", "steps", "hardware")
-DERIVED_TOPICS = ("grader-failures", "grader-windows", "step-stats", "reward-histograms", "length-histograms", "alerts")
-# Between the streams' own stages: partial step figures, and wall-clock ticks per partition.
-INTERNAL_TOPICS = ("step-partials", "ticks")
-DLQ_TOPIC = "dlq"
-SCHEMAS_TOPIC = "schemas"

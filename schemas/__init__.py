@@ -1,5 +1,5 @@
 """Avro schemas (the .avsc files are the source of truth) and the single-object codec."""
 
-from schemas.codec import Codec, Decoded, DecodeError, UnknownSchemaError
+from schemas.codec import Codec, Decoded, DecodeError
 
-__all__ = ["Codec", "Decoded", "DecodeError", "UnknownSchemaError"]
+__all__ = ["Codec", "Decoded", "DecodeError"]

@@ -1,46 +1,53 @@
-"""Avro single-object encoding: ``C3 01`` + 8-byte little-endian CRC-64-AVRO fingerprint + body.
+"""Avro Object Container Files: one Kafka message = one container of records of one type.
 
-Readers resolve the writer schema by its fingerprint and read the body into their own reader
-schema of the same full name (Avro schema resolution), so a field added with a default reads
-both ways. Writer schemas this process has never seen are added with :meth:`Codec.add_schema`
-(see ``schemas.registry`` for the Kafka-backed lookup).
+A container carries its writer schema in its header, so a message decodes on its own with no
+registry: Apache avro, fastavro and ClickHouse's ``Avro`` input format all read it. Readers
+resolve the writer schema into their own reader schema of the same full name (Avro schema
+resolution): a field added with a default reads both ways, and an enum symbol a reader does
+not know reads as the enum's default.
+
+Parsed writer schemas are cached by the header's schema bytes, and a writer schema equal to
+the reader's is read without resolution (it costs about twice as much per record).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import fastavro
-from fastavro.schema import fingerprint as _fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
-MAGIC = b"\xc3\x01"
-HEADER_LEN = len(MAGIC) + 8
 SCHEMA_DIR = Path(__file__).parent
+NAMESPACE = "rlpulse.v1"
+MAGIC = b"Obj\x01"
+SYNC_SIZE = 16
 
 
 class DecodeError(ValueError):
-    """The bytes are not a decodable single-object Avro message; ``reason`` says why."""
-
-
-class UnknownSchemaError(DecodeError):
-    """The message names a writer-schema fingerprint this codec has not seen."""
-
-    def __init__(self, fingerprint: bytes):
-        self.fingerprint = fingerprint
-        super().__init__(f"unknown writer schema fingerprint {fingerprint.hex()}")
+    """The bytes are not a decodable Avro container of a known record type; the message says why."""
 
 
 @dataclass(frozen=True)
 class Decoded:
-    name: str  # full name, e.g. rlpulse.v1.Span
-    record: dict[str, Any]
-    fingerprint: bytes
+    name: str  # full name of the writer's record type, e.g. rlpulse.v1.Span
+    records: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Header:
+    """What :func:`read_header` found at the start of a container."""
+
+    schema_json: bytes  # the writer schema exactly as the header carries it
+    codec: str
+    sync: bytes
+    end: int  # offset of the first block
+    name: str  # the writer's record full name
 
 
 @dataclass(frozen=True)
@@ -48,94 +55,202 @@ class _Schema:
     name: str
     parsed: Any
     canonical: str
-    fingerprint: bytes
 
 
-def _load(schema: dict[str, Any] | str) -> _Schema:
-    raw = json.loads(schema) if isinstance(schema, str) else schema
+def full_name(name: str) -> str:
+    return name if "." in name else f"{NAMESPACE}.{name}"
+
+
+def short_name(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def _load(raw: dict[str, Any]) -> _Schema:
     parsed = fastavro.parse_schema(raw)  # keeps fastavro's parsed marker: no re-parse on every write
-    canonical = to_parsing_canonical_form(parsed)
-    # fastavro's hex digest is already in the little-endian byte order the spec puts on the wire.
-    fp = bytes.fromhex(_fingerprint(canonical, "CRC-64-AVRO"))
-    name = parsed["name"] if isinstance(parsed, dict) and "name" in parsed else canonical
-    return _Schema(name=name, parsed=parsed, canonical=canonical, fingerprint=fp)
+    return _Schema(name=parsed["name"], parsed=parsed, canonical=to_parsing_canonical_form(parsed))
 
 
-def short_name(full_name: str) -> str:
-    return full_name.rsplit(".", 1)[-1]
+def load_schemas(schema_dir: Path = SCHEMA_DIR) -> dict[str, dict[str, Any]]:
+    """Every ``*.avsc`` of ``schema_dir`` as JSON, by record full name (the source of truth)."""
+    out = {}
+    for path in sorted(schema_dir.glob("*.avsc")):
+        try:
+            raw = json.loads(path.read_text())
+            out[full_name(f"{raw.get('namespace', NAMESPACE)}.{raw['name']}")] = raw
+        except Exception as exc:  # a broken .avsc is a packaging bug: say which file
+            raise ValueError(f"{path.name}: invalid Avro schema: {exc}") from exc
+    return out
+
+
+# -- reading the container framing without decoding records -----------------------------------
+def _read_long(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """Avro zig-zag varint at ``pos``; returns (value, next position)."""
+    shift = result = 0
+    while True:
+        if pos >= len(data):
+            raise DecodeError("truncated Avro container (varint runs past the end)")
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+        if shift > 63:
+            raise DecodeError("corrupt Avro container (varint longer than 10 bytes)")
+
+
+def read_header(data: bytes) -> Header:
+    """Parse a container's header (magic, metadata, sync marker); raises DecodeError if it is not one."""
+    if data is None or len(data) < len(MAGIC) + SYNC_SIZE + 1:
+        raise DecodeError(f"message too short for an Avro container ({0 if data is None else len(data)} bytes)")
+    if data[:4] != MAGIC:
+        raise DecodeError(f"not an Avro container: starts with {bytes(data[:4]).hex()}, not 4f626a01 ('Obj' 1)")
+    meta: dict[str, bytes] = {}
+    pos = 4
+    while True:
+        count, pos = _read_long(data, pos)
+        if count == 0:
+            break
+        if count < 0:  # a block with its byte size: skip the size
+            count = -count
+            _, pos = _read_long(data, pos)
+        for _ in range(count):
+            klen, pos = _read_long(data, pos)
+            key = bytes(data[pos:pos + klen]).decode("utf-8", "replace")
+            pos += klen
+            vlen, pos = _read_long(data, pos)
+            meta[key] = bytes(data[pos:pos + vlen])
+            pos += vlen
+    if pos + SYNC_SIZE > len(data):
+        raise DecodeError("truncated Avro container header")
+    schema_json = meta.get("avro.schema")
+    if not schema_json:
+        raise DecodeError("Avro container header has no avro.schema")
+    try:
+        schema = json.loads(schema_json)
+        name = full_name(f"{schema.get('namespace', NAMESPACE)}.{schema['name']}") if "." not in schema["name"] else schema["name"]
+    except Exception:
+        raise DecodeError("Avro container header's schema is not a named record") from None
+    return Header(schema_json=schema_json, codec=meta.get("avro.codec", b"null").decode(), sync=bytes(data[pos:pos + SYNC_SIZE]),
+                  end=pos + SYNC_SIZE, name=name)
+
+
+def blocks(data: bytes, header: Header) -> Iterable[tuple[int, memoryview]]:
+    """The (record count, block bytes) of each block, checking every sync marker."""
+    view = memoryview(data)
+    pos = header.end
+    while pos < len(data):
+        count, pos = _read_long(view, pos)
+        size, pos = _read_long(view, pos)
+        if count < 0 or size < 0 or pos + size + SYNC_SIZE > len(data):
+            raise DecodeError(f"corrupt Avro container: block of {size} bytes runs past the end")
+        body = view[pos:pos + size]
+        pos += size
+        if view[pos:pos + SYNC_SIZE] != header.sync:
+            raise DecodeError("corrupt Avro container: sync marker mismatch after a block")
+        pos += SYNC_SIZE
+        yield count, body
+
+
+def record_count(data: bytes) -> int:
+    """Records in a container, from its block headers (no decoding)."""
+    header = read_header(data)
+    return sum(count for count, _ in blocks(data, header))
+
+
+def _long_bytes(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def concat(messages: list[bytes]) -> bytes:
+    """One container holding the records of ``messages``, which share one writer schema and codec.
+
+    Blocks are copied as they are, under the first message's header and sync marker, so this
+    costs a memory copy, not a decode (the sink hands the result to ClickHouse in one insert).
+    """
+    if len(messages) == 1:
+        return messages[0]
+    first = read_header(messages[0])
+    out = bytearray(messages[0][:first.end])
+    for data in messages:
+        header = first if data is messages[0] else read_header(data)
+        if header.schema_json != first.schema_json or header.codec != first.codec:
+            raise ValueError("concat needs containers with one writer schema and codec")
+        for count, body in blocks(data, header):
+            out += _long_bytes(count) + _long_bytes(len(body)) + body + first.sync
+    return bytes(out)
 
 
 class Codec:
-    """Encodes records with this process's schemas; decodes any known writer schema."""
+    """Encodes records with this process's schemas; decodes containers of any writer schema."""
 
     def __init__(self, schema_dir: Path = SCHEMA_DIR):
-        self._readers: dict[str, _Schema] = {}
-        self._writers: dict[bytes, _Schema] = {}
+        self._readers: dict[str, _Schema] = {name: _load(raw) for name, raw in load_schemas(schema_dir).items()}
+        self._writers: dict[bytes, tuple[_Schema, bool]] = {}  # header schema bytes -> (parsed, same as reader)
         self._lock = threading.Lock()
-        for path in sorted(schema_dir.glob("*.avsc")):
-            try:
-                schema = _load(path.read_text())
-            except Exception as exc:  # a broken .avsc is a packaging bug: say which file
-                raise ValueError(f"{path.name}: invalid Avro schema: {exc}") from exc
-            self._readers[schema.name] = schema
-            self._writers[schema.fingerprint] = schema
 
-    # -- schemas ---------------------------------------------------------------------------
-    def _reader(self, name: str) -> _Schema:
-        full = name if "." in name else f"rlpulse.v1.{name}"
+    def reader(self, name: str) -> _Schema:
         try:
-            return self._readers[full]
+            return self._readers[full_name(name)]
         except KeyError:
             raise ValueError(f"no schema named {name!r}; known: {sorted(map(short_name, self._readers))}") from None
-
-    def fingerprint(self, name: str) -> bytes:
-        return self._reader(name).fingerprint
-
-    def canonical(self, name: str) -> str:
-        return self._reader(name).canonical
 
     def names(self) -> list[str]:
         return sorted(self._readers)
 
-    def add_schema(self, schema_json: str) -> bytes:
-        """Learn a writer schema (canonical JSON from the schemas topic); returns its fingerprint."""
-        schema = _load(schema_json)
-        with self._lock:
-            self._writers.setdefault(schema.fingerprint, schema)
-        return schema.fingerprint
+    def schema(self, name: str) -> Any:
+        """The parsed reader schema of ``name`` (fastavro form)."""
+        return self.reader(name).parsed
 
-    def knows(self, fingerprint: bytes) -> bool:
-        return fingerprint in self._writers
-
-    # -- messages --------------------------------------------------------------------------
-    def encode(self, name: str, record: dict[str, Any]) -> bytes:
-        """Encode ``record`` with the local schema ``name``; a record that does not fit raises ValueError."""
-        schema = self._reader(name)
+    # -- writing ---------------------------------------------------------------------------
+    def encode(self, name: str, records: list[dict[str, Any]], sync_marker: bytes | None = None) -> bytes:
+        """One container of ``records`` under the local schema ``name``; a record that does not fit raises ValueError."""
+        schema = self.reader(name)
         buf = io.BytesIO()
-        buf.write(MAGIC)
-        buf.write(schema.fingerprint)
         try:
-            fastavro.schemaless_writer(buf, schema.parsed, record, strict_allow_default=True)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            fastavro.writer(buf, schema.parsed, records, codec="null", sync_marker=sync_marker or os.urandom(SYNC_SIZE),
+                            strict_allow_default=True)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise ValueError(f"{short_name(schema.name)} record does not match its schema: {exc}") from None
         return buf.getvalue()
 
-    def decode(self, data: bytes) -> Decoded:
-        """Decode a single-object message into the local reader schema of the writer's name."""
-        if data is None or len(data) < HEADER_LEN:
-            raise DecodeError(f"message too short for Avro single-object encoding ({0 if data is None else len(data)} bytes)")
-        if data[:2] != MAGIC:
-            raise DecodeError(f"not Avro single-object encoding: header {data[:2].hex()} is not c301")
-        fp = bytes(data[2:HEADER_LEN])
-        writer = self._writers.get(fp)
-        if writer is None:
-            raise UnknownSchemaError(fp)
-        reader = self._readers.get(writer.name, writer)
-        body = io.BytesIO(data[HEADER_LEN:])
+    # -- reading ---------------------------------------------------------------------------
+    def _writer(self, header: Header) -> tuple[_Schema, bool]:
+        cached = self._writers.get(header.schema_json)
+        if cached is None:
+            try:
+                writer = _load(json.loads(header.schema_json))
+            except Exception as exc:
+                raise DecodeError(f"unreadable writer schema in the container header: {exc}") from None
+            reader = self._readers.get(writer.name)
+            cached = (writer, reader is not None and reader.canonical == writer.canonical)
+            with self._lock:
+                if len(self._writers) > 1000:  # bounded: writer schemas are few; bogus headers must not grow it
+                    self._writers.clear()
+                self._writers[header.schema_json] = cached
+        return cached
+
+    def decode(self, data: bytes, expect: tuple[str, ...] | None = None) -> Decoded:
+        """Decode a container into the local reader schema of the writer's record name.
+
+        ``expect`` (full names) limits the record types accepted. Raises DecodeError saying why.
+        """
+        header = read_header(data)
+        writer, same = self._writer(header)
+        if expect is not None and writer.name not in expect:
+            raise DecodeError(f"record type {writer.name} is not one of {', '.join(expect)}")
+        reader = self._readers.get(writer.name)
+        if reader is None:
+            raise DecodeError(f"unknown record type {writer.name}")
         try:
-            record = fastavro.schemaless_reader(body, writer.parsed, reader.parsed)
+            it = fastavro.reader(io.BytesIO(data), reader_schema=None if same else reader.parsed)
+            records = list(it)
         except Exception as exc:  # fastavro raises many types on corrupt bodies
-            raise DecodeError(f"corrupt {short_name(writer.name)} body: {type(exc).__name__}: {exc}") from None
-        if body.tell() != len(data) - HEADER_LEN:
-            raise DecodeError(f"{len(data) - HEADER_LEN - body.tell()} trailing bytes after the {short_name(writer.name)} body")
-        return Decoded(name=writer.name, record=record, fingerprint=fp)
+            raise DecodeError(f"corrupt {short_name(writer.name)} container: {type(exc).__name__}: {exc}") from None
+        return Decoded(name=writer.name, records=records)

@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 from aiokafka import AIOKafkaConsumer
 
-from rlpulse.settings import SCHEMAS_TOPIC, Settings
+from rlpulse.settings import Settings
 from schemas.codec import Codec, DecodeError
-from schemas.registry import SchemaResolver, topic_partitions
+from schemas.topics import topic_partitions
 from sinks.clickhouse import mask_url
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ async def follow_alerts(settings: Settings, on_alert: Callable[[dict[str, Any]],
     With ``once`` it stops at the end offsets it found at start. Returns the number of alerts read.
     """
     kafka = settings.kafka_client_kwargs()
-    resolver = SchemaResolver(Codec(), settings.topic(SCHEMAS_TOPIC), kafka)
+    codec = Codec()
     consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest", **kafka)
     await consumer.start()
     count = 0
@@ -107,12 +107,13 @@ async def follow_alerts(settings: Settings, on_alert: Callable[[dict[str, Any]],
             for messages in (await consumer.getmany(timeout_ms=500)).values():
                 for msg in messages:
                     try:
-                        alert = (await resolver.decode(msg.value)).record
+                        alerts = codec.decode(msg.value, expect=("rlpulse.v1.Alert",)).records
                     except DecodeError as exc:
                         log.warning("undecodable alert at %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
                         continue
-                    on_alert(alert)
-                    count += 1
+                    for alert in alerts:
+                        on_alert(alert)
+                        count += 1
     finally:
         await consumer.stop()
     return count

@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaProducer
 
 from rlpulse.pipeline import settings_env
 from rlpulse.settings import Settings
-from rlpulse.topics import ensure_topics
+from schemas.topics import ensure_topics
 from schemas.codec import Codec
 
 pytestmark = pytest.mark.integration

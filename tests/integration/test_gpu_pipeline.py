@@ -12,7 +12,7 @@ from producers.gpu_poller import GpuPoller, Placement
 from producers.sender import Sender
 from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.settings import Settings
-from rlpulse.topics import ensure_topics
+from schemas.topics import ensure_topics
 from sinks.clickhouse import open_store
 from tests.fake_nvml import FakeNvml
 

@@ -10,7 +10,7 @@ from opentelemetry.trace import Status, StatusCode
 from producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.settings import Settings
-from rlpulse.topics import ensure_topics
+from schemas.topics import ensure_topics
 from sinks.clickhouse import open_store
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from producers import TrainingTelemetry
 from rlpulse.pipeline import SINK_TOPICS, Pipeline, wait_groups_ready
 from rlpulse.settings import Settings
-from rlpulse.topics import ensure_topics
-from schemas.registry import read_topic, topic_partitions
+from schemas.topics import ensure_topics
+from schemas.topics import read_topic, topic_partitions
 from sinks.clickhouse import open_store
 
 pytestmark = pytest.mark.integration

@@ -17,9 +17,9 @@ import pytest
 from producers import TrainingTelemetry
 from rlpulse import services
 from rlpulse.settings import Settings
-from rlpulse.topics import ensure_topics
+from schemas.topics import ensure_topics
 from schemas.codec import Codec
-from schemas.registry import read_topic
+from schemas.topics import read_topic
 
 pytestmark = [
     pytest.mark.integration,

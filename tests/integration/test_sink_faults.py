@@ -17,7 +17,7 @@ import pytest
 from producers.simulator import SimConfig, simulate
 from rlpulse.pipeline import SINK_TOPICS, Pipeline, settings_env, wait_groups_ready
 from rlpulse.settings import Settings
-from rlpulse.topics import ensure_topics
+from schemas.topics import ensure_topics
 from tests.integration.test_pipeline import _rewind_group
 
 pytestmark = pytest.mark.integration

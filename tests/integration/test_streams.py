@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.settings import AlertThresholds, Settings
-from rlpulse.topics import ensure_topics
+from schemas.topics import ensure_topics
 from schemas.codec import Codec
 from sinks.clickhouse import open_store
 from streams.histograms import reward_bucket

@@ -1,0 +1,75 @@
+"""The one catalogue of names: topics, the record types on each, their keys and ClickHouse tables.
+
+Record types and their fields come from the ``.avsc`` files (``schemas.codec.load_schemas``);
+this module only says where each record type travels and lands. Every other module derives its
+topic lists, table names and columns from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.codec import full_name
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    short: str  # full topic name is ``<prefix>.<short>``
+    records: tuple[str, ...]  # record full names allowed on it; anything else is a dead letter
+    key: str  # what the message key is, for people reading this
+    kind: str  # raw (published by jobs and pollers), derived (by the streams), internal, dlq
+    per_run: bool = True  # keyed by project/run_id, so co-partitioned with the run processor
+
+
+def _records(*names: str) -> tuple[str, ...]:
+    return tuple(full_name(n) for n in names)
+
+
+TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec("spans", _records("Span"), "project/run_id", "raw"),
+    TopicSpec("steps", _records("Step"), "project/run_id", "raw"),
+    TopicSpec("hardware", _records("GpuSample", "Placement"), "hw_id (host/index without a UUID)", "raw", per_run=False),
+    TopicSpec("grader-failures", _records("GraderFailureWindow"), "project/run_id", "derived"),
+    TopicSpec("grader-windows", _records("GraderWindow"), "project/run_id", "derived"),
+    TopicSpec("step-stats", _records("StepStats"), "project/run_id", "derived"),
+    TopicSpec("reward-histograms", _records("RewardHistogram"), "project/run_id", "derived"),
+    TopicSpec("length-histograms", _records("CompletionLengthHistogram"), "project/run_id", "derived"),
+    TopicSpec("alerts", _records("Alert"), "project/run_id, or hw_id for GPU alerts", "derived"),
+    # Wall-clock ticks, one message per partition every half second: a Faust table can only be
+    # written while an event of its partition is processed, so idle runs are closed on these.
+    TopicSpec("ticks", (), "none", "internal"),
+    TopicSpec("dlq", (), "the original key", "dlq", per_run=False),
+)
+BY_SHORT = {t.short: t for t in TOPICS}
+RAW_TOPICS = tuple(t.short for t in TOPICS if t.kind == "raw")
+DERIVED_TOPICS = tuple(t.short for t in TOPICS if t.kind == "derived")
+DLQ_TOPIC = "dlq"
+TICKS_TOPIC = "ticks"
+
+# The topics the run processor reads: co-partitioned by project/run_id.
+RUN_TOPICS = ("spans", "steps", TICKS_TOPIC)
+HARDWARE_TOPICS = ("hardware", TICKS_TOPIC)
+# What the sink writes to ClickHouse.
+SINK_TOPICS = RAW_TOPICS + DERIVED_TOPICS
+
+# Record full name -> ClickHouse table.
+TABLES: dict[str, str] = {
+    full_name("Span"): "spans",
+    full_name("Step"): "steps",
+    full_name("GpuSample"): "gpu_samples",
+    full_name("Placement"): "placements",
+    full_name("GraderFailureWindow"): "grader_failures",
+    full_name("GraderWindow"): "grader_windows",
+    full_name("StepStats"): "step_stats",
+    full_name("RewardHistogram"): "reward_histograms",
+    full_name("CompletionLengthHistogram"): "completion_length_histograms",
+    full_name("Alert"): "alerts",
+}
+
+# The streams app's Faust tables (their changelog topics are created up front, see schemas.topics).
+STREAM_TABLES = ("runs", "gpus")
+
+
+def run_key(project: str, run_id: str) -> str:
+    """The key of every span, step and run-derived message: all of a run lands on one partition."""
+    return f"{project}/{run_id}"
