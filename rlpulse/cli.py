@@ -29,11 +29,9 @@ def cmd_services(args: argparse.Namespace) -> int:
 
 
 def cmd_streams(args: argparse.Namespace) -> int:
-    from schemas.topics import ensure_topics
     from streams.app import run_worker
 
     settings = _settings(args)
-    ensure_topics(settings)
     run_worker(settings, loglevel="DEBUG" if args.verbose else "INFO")
     return 0
 

@@ -14,9 +14,8 @@ a warning because silence may come from the exporter or the network as well as f
 
 from __future__ import annotations
 
-import time
-
 import json
+import time
 from typing import Any, MutableMapping
 
 from rlpulse.settings import AlertThresholds
@@ -116,7 +115,7 @@ def grader_failure_rate(book: AlertBook, window: dict[str, Any], thresholds: Ale
     if graded <= 0 or graded < thresholds.grader_min_graded:
         return []
     rate = failures / graded
-    key = f"{window['run_id']}/{window['attempt']}/{window['term']}"
+    key = f"{window['project']}/{window['run_id']}/{window['attempt']}/{window['term']}"
     limit = thresholds.grader_failure_rate
     if rate > limit:
         return _emit(book.fire(
@@ -194,14 +193,14 @@ def step_rules(book: AlertBook, state: MutableMapping[str, dict], step_stats: di
                thresholds: AlertThresholds, now_ns: int) -> list[dict]:
     """Clipped-ratio-rising and reward-collapse rules for one per-step stats update.
 
-    ``state`` is keyed ``run_id/attempt`` and keeps the latest step, its clipped ratio and the
+    ``state`` is keyed ``project/run_id/attempt`` and keeps the latest step, its clipped ratio and the
     run of increases ending there, plus the same for the step before it. A re-sent update of the
     latest step is measured against the step before it again, so it never counts twice; an
     update of an older step is ignored (it would rewrite history the rules already acted on).
     Steps are consecutive in arrival order: a gap in step numbers is not a break in the run.
     """
     run_id, attempt = step_stats["run_id"], step_stats["attempt"]
-    key = f"{run_id}/{attempt}"
+    key = f"{step_stats.get('project', '')}/{run_id}/{attempt}"
     ident = {"project": step_stats.get("project", ""), "run_id": run_id, "attempt": attempt}
     step = step_stats["step"]
     ratio = step_stats.get("clipped_ratio")
@@ -247,6 +246,6 @@ def step_rules(book: AlertBook, state: MutableMapping[str, dict], step_stats: di
     return _emit(*out)
 
 
-def forget_run(state: MutableMapping[str, dict], run_id: str, attempt: int) -> None:
+def forget_run(state: MutableMapping[str, dict], project: str, run_id: str, attempt: int) -> None:
     """Drop the step-rule state of an attempt that ended (the wiring calls it on RUN_END)."""
-    state.pop(f"{run_id}/{attempt}", None)
+    state.pop(f"{project}/{run_id}/{attempt}", None)

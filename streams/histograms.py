@@ -14,9 +14,6 @@ from typing import Any, Callable, Optional
 
 REWARD_BOUNDS: tuple[float, ...] = (0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1, 2, 5)
 REWARD_BUCKETS = len(REWARD_BOUNDS) + 1
-# Rewards are weighted sums of terms, so a reward meant to be 0.3 often arrives as
-# 0.30000000000000004; a value this close to a bound is treated as that bound.
-BOUND_TOLERANCE = 1e-9
 
 MAX_SCALE = 20  # OpenTelemetry's default and largest useful scale
 MAX_SIZE = 160  # OpenTelemetry's default number of buckets
@@ -40,13 +37,13 @@ def reward_bucket(x: float) -> int:
     """Index (0..14) of the reward bucket holding ``x``.
 
     Bucket i holds ``REWARD_BOUNDS[i-1] < x <= REWARD_BOUNDS[i]``; bucket 0 holds every
-    ``x <= 0`` (negative rewards too) and bucket 14 every ``x > 5``. A value within
-    ``BOUND_TOLERANCE`` (1e-9) of a bound counts as equal to that bound, so 0.1 + 0.2
-    (0.30000000000000004) falls in (0.2, 0.3] and 1e-10 counts as a zero reward. Raises
-    ValueError for NaN and infinities.
+    ``x <= 0`` (negative rewards too) and bucket 14 every ``x > 5``. Comparisons are exact, as
+    in OpenTelemetry's explicit-bucket histogram, so a value lands in the same bucket here as in
+    the job's own OpenTelemetry metrics: 0.1 + 0.2 (0.30000000000000004) falls in (0.3, 0.4].
+    Raises ValueError for NaN and infinities.
     """
-    # bisect_left finds the first bound b with x - tol <= b, i.e. x <= b within tolerance.
-    return bisect_left(REWARD_BOUNDS, _finite(x) - BOUND_TOLERANCE)
+    # bisect_left finds the first bound b with x <= b.
+    return bisect_left(REWARD_BOUNDS, _finite(x))
 
 
 @dataclass

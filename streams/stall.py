@@ -36,7 +36,7 @@ MAX_RUNS = 10_000
 
 
 class StallDetector:
-    """Stall and silence per ``run_id/attempt``; ``state`` values are JSON-able dicts.
+    """Stall and silence per ``project/run_id/attempt``; ``state`` values are JSON-able dicts.
 
     ``resumed_ns`` (optional) is when this processor (re)started: ages are measured from no
     earlier than it, so time the processor itself was down, or the backlog it has not read yet,
@@ -55,12 +55,13 @@ class StallDetector:
         self.evicted = 0
 
     @staticmethod
-    def key(run_id: str, attempt: int) -> str:
-        return f"{run_id}/{attempt}"
+    def key(project: str, run_id: str, attempt: int) -> str:
+        """The state and alert key of one attempt: ``project/run_id/attempt``."""
+        return f"{project}/{run_id}/{attempt}"
 
     def observe(self, event: dict[str, Any], now_ns: int) -> list[dict]:
         """Take one Step event; return the Alert records it causes (FIRING or RESOLVED)."""
-        key = self.key(event["run_id"], event["attempt"])
+        key = self.key(event.get("project", ""), event["run_id"], event["attempt"])
         if event["type"] == "RUN_END":
             return self._end(key, now_ns, f"run {event['run_id']} attempt {event['attempt']} ended")
         out: list[dict] = []

@@ -68,7 +68,7 @@ def test_grader_failure_rate_respects_min_graded_fires_and_resolves():
     assert grader_failure_rate(book, window(2, 10), TH, now_ns=2) == []  # exactly at the threshold
     [alert] = grader_failure_rate(book, window(3, 10, start=60 * S), TH, now_ns=3)
     assert (alert["rule"], alert["state"], alert["key"], alert["severity"]) == \
-        ("grader_failure_rate", "FIRING", "r1/1/judge", "warning")
+        ("grader_failure_rate", "FIRING", "p/r1/1/judge", "warning")
     assert alert["value"] == 0.3 and alert["threshold"] == 0.2
     assert grader_failure_rate(book, window(50, 60), TH, now_ns=4) == []  # same episode
     assert grader_failure_rate(book, window(0, 5), TH, now_ns=5) == []  # too few to resolve either
@@ -154,7 +154,7 @@ def test_clipped_ratio_rising_fires_exactly_at_the_kth_increase_and_resolves_whe
         assert step_rules(book, state, stats(step, ratio), TH, now_ns=step) == []
     [alert] = step_rules(book, state, stats(4, 0.40), TH, now_ns=4)  # the third increase
     assert (alert["rule"], alert["state"], alert["key"], alert["value"], alert["threshold"]) == \
-        ("clipped_ratio_rising", "FIRING", "r1/1", 0.4, 3.0)
+        ("clipped_ratio_rising", "FIRING", "p/r1/1", 0.4, 3.0)
     assert step_rules(book, state, stats(5, 0.50), TH, now_ns=5) == []
     [resolved] = step_rules(book, state, stats(6, 0.50), TH, now_ns=6)  # equal is not rising
     assert (resolved["state"], resolved["first_seen_ns"]) == ("RESOLVED", 4)
@@ -170,9 +170,9 @@ def test_a_resent_update_of_the_same_step_does_not_advance_the_count():
     assert step_rules(book, state, stats(3, 0.30), TH, now_ns=5) == []  # two increases
     assert step_rules(book, state, stats(3, 0.30), TH, now_ns=6) == []  # still two
     assert step_rules(book, state, stats(2, 0.05), TH, now_ns=7) == []  # an older step is ignored
-    assert states(step_rules(book, state, stats(4, 0.40), TH, now_ns=8)) == [("clipped_ratio_rising", "FIRING", "r1/1")]
+    assert states(step_rules(book, state, stats(4, 0.40), TH, now_ns=8)) == [("clipped_ratio_rising", "FIRING", "p/r1/1")]
     # an update of step 4 that turns out not to rise resolves
-    assert states(step_rules(book, state, stats(4, 0.30), TH, now_ns=9)) == [("clipped_ratio_rising", "RESOLVED", "r1/1")]
+    assert states(step_rules(book, state, stats(4, 0.30), TH, now_ns=9)) == [("clipped_ratio_rising", "RESOLVED", "p/r1/1")]
 
 
 def test_attempts_are_separate_series_for_step_rules():
@@ -187,7 +187,7 @@ def test_reward_collapse_fires_above_the_zero_fraction_and_resolves_at_or_below_
     assert step_rules(book, state, stats(1, 0.1, zero=0.5), TH, now_ns=1) == []  # at the threshold
     [alert] = step_rules(book, state, stats(2, 0.1, zero=0.6), TH, now_ns=2)
     assert (alert["rule"], alert["state"], alert["key"], alert["value"], alert["threshold"], alert["severity"]) == \
-        ("reward_collapse", "FIRING", "r1/1", 0.6, 0.5, "warning")
+        ("reward_collapse", "FIRING", "p/r1/1", 0.6, 0.5, "warning")
     assert step_rules(book, state, stats(3, 0.1, zero=0.9), TH, now_ns=3) == []
     [resolved] = step_rules(book, state, stats(4, 0.1, zero=0.5), TH, now_ns=4)
     assert (resolved["rule"], resolved["state"], resolved["first_seen_ns"]) == ("reward_collapse", "RESOLVED", 2)

@@ -8,18 +8,19 @@ from streams.histograms import REWARD_BOUNDS, ExpHistogram, RewardHistogram, exp
 
 
 @pytest.mark.parametrize("x, bucket", [
-    (0, 0), (-0.5, 0), (0.05, 1), (0.1, 1), (0.1 + 0.2, 3), (0.3, 3), (0.99, 10),
+    (0, 0), (-0.5, 0), (0.05, 1), (0.1, 1), (0.1 + 0.2, 4), (0.3, 3), (0.99, 10),
     (0.995, 11), (1.0, 11), (1.5, 12), (2, 12), (5, 13), (5.0001, 14),
 ])
 def test_reward_bucket_edges(x, bucket):
     assert reward_bucket(x) == bucket
 
 
-def test_reward_bounds_shape_and_tolerance():
+def test_reward_bounds_shape_and_exact_comparisons_as_in_opentelemetry():
     assert len(REWARD_BOUNDS) == 14
-    assert 0.1 + 0.2 == 0.30000000000000004  # the float the tolerance exists for
-    assert reward_bucket(1e-10) == 0  # within 1e-9 of 0: a zero reward
-    assert reward_bucket(0.3 + 2e-9) == 4  # beyond the tolerance: the next bucket
+    assert 0.1 + 0.2 == 0.30000000000000004  # above the bound 0.3: (0.3, 0.4], as OpenTelemetry puts it
+    assert reward_bucket(0.1 + 0.2) == 4
+    assert reward_bucket(1e-10) == 1  # above 0: not a zero reward
+    assert reward_bucket(0.3) == 3 and reward_bucket(0.30000000000000004) == 4
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])

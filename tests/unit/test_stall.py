@@ -28,7 +28,7 @@ def test_stall_fires_once_at_stall_after_despite_many_heartbeats():
     assert det.tick(910 * S - 1) == []
     [alert] = det.tick(910 * S)  # 900 s after the count last rose, at 10 s
     assert alert == {
-        "rule": "stalled_run", "state": "FIRING", "key": "r1/1", "severity": "critical",
+        "rule": "stalled_run", "state": "FIRING", "key": "p/r1/1", "severity": "critical",
         "summary": alert["summary"], "value": 900.0, "threshold": 900.0, "project": "p", "run_id": "r1",
         "attempt": 1, "time_ns": 910 * S, "first_seen_ns": 910 * S, "last_seen_ns": 910 * S,
     }
@@ -43,7 +43,7 @@ def test_heartbeat_after_stall_after_fires_without_waiting_for_the_timer():
     det.observe(ev("RUN_START", 0), now_ns=0)
     for t in range(15, 900, 15):
         assert det.observe(ev("HEARTBEAT", 0), now_ns=t * S) == []
-    assert summary(det.observe(ev("HEARTBEAT", 0), now_ns=900 * S)) == [("stalled_run", "FIRING", "r1/1")]
+    assert summary(det.observe(ev("HEARTBEAT", 0), now_ns=900 * S)) == [("stalled_run", "FIRING", "p/r1/1")]
 
 
 def test_stall_resolves_once_when_the_count_increases():
@@ -53,7 +53,7 @@ def test_stall_resolves_once_when_the_count_increases():
     [fired] = det.tick(900 * S)
     det.observe(ev("HEARTBEAT", 0), now_ns=905 * S)
     [resolved] = det.observe(ev("STEP", 1, step=0), now_ns=950 * S)
-    assert (resolved["rule"], resolved["state"], resolved["key"]) == ("stalled_run", "RESOLVED", "r1/1")
+    assert (resolved["rule"], resolved["state"], resolved["key"]) == ("stalled_run", "RESOLVED", "p/r1/1")
     assert resolved["first_seen_ns"] == fired["first_seen_ns"] == 900 * S
     assert resolved["last_seen_ns"] == resolved["time_ns"] == 950 * S
     assert resolved["value"] == 950.0 and "rose to 1" in resolved["summary"]
@@ -83,13 +83,13 @@ def test_silent_fires_once_and_resolves_when_reports_resume():
 def test_going_silent_keeps_an_open_stall_and_silence_fires_no_new_stall():
     det, _, book_state = detector(stall_after=60, silent_after=300)
     det.observe(ev("RUN_START", 0), now_ns=0)
-    assert summary(det.observe(ev("HEARTBEAT", 0), now_ns=60 * S)) == [("stalled_run", "FIRING", "r1/1")]
-    assert summary(det.tick(360 * S)) == [("silent_run", "FIRING", "r1/1")]  # stalled not resolved
+    assert summary(det.observe(ev("HEARTBEAT", 0), now_ns=60 * S)) == [("stalled_run", "FIRING", "p/r1/1")]
+    assert summary(det.tick(360 * S)) == [("silent_run", "FIRING", "p/r1/1")]  # stalled not resolved
     assert len(book_state) == 2
     # a second run that goes silent before its stall is due never fires a stall
     det2, _, _ = detector(stall_after=600, silent_after=300)
     det2.observe(ev("RUN_START", 0), now_ns=0)
-    assert summary(det2.tick(300 * S)) == [("silent_run", "FIRING", "r1/1")]
+    assert summary(det2.tick(300 * S)) == [("silent_run", "FIRING", "p/r1/1")]
     assert det2.tick(700 * S) == []
 
 
@@ -99,7 +99,7 @@ def test_run_end_resolves_open_alerts_and_stops_tracking():
     det.observe(ev("HEARTBEAT", 0), now_ns=60 * S)
     det.tick(400 * S)  # stalled and silent both firing
     ended = det.observe(ev("RUN_END", 0), now_ns=410 * S)
-    assert summary(ended) == [("stalled_run", "RESOLVED", "r1/1"), ("silent_run", "RESOLVED", "r1/1")]
+    assert summary(ended) == [("stalled_run", "RESOLVED", "p/r1/1"), ("silent_run", "RESOLVED", "p/r1/1")]
     assert all("ended" in a["summary"] for a in ended)
     assert state == {} and book_state == {}
     assert det.tick(5000 * S) == []
@@ -111,17 +111,17 @@ def test_new_attempt_is_a_new_series_from_zero_and_inherits_no_alert():
     det.observe(ev("RUN_START", 0), now_ns=0)
     det.observe(ev("STEP", 50, step=49), now_ns=10 * S)
     det.observe(ev("HEARTBEAT", 50), now_ns=900 * S)
-    assert summary(det.tick(910 * S)) == [("stalled_run", "FIRING", "r1/1")]
+    assert summary(det.tick(910 * S)) == [("stalled_run", "FIRING", "p/r1/1")]
     # the run is resumed as attempt 2: the old attempt is over, the new one starts clean
     superseded = det.observe(ev("RUN_START", 0, attempt=2), now_ns=920 * S)
-    assert summary(superseded) == [("stalled_run", "RESOLVED", "r1/1")]
+    assert summary(superseded) == [("stalled_run", "RESOLVED", "p/r1/1")]
     assert "superseded by attempt 2" in superseded[0]["summary"]
-    assert list(state) == ["r1/2"] and state["r1/2"]["step_count"] == 0
+    assert list(state) == ["p/r1/2"] and state["p/r1/2"]["step_count"] == 0
     assert det.observe(ev("STEP", 1, attempt=2, step=50), now_ns=930 * S) == []
     assert det.tick(931 * S) == []
     # another run's attempt is untouched by it
     det.observe(ev("RUN_START", 0, run_id="r2", attempt=1), now_ns=940 * S)
-    assert sorted(state) == ["r1/2", "r2/1"]
+    assert sorted(state) == ["p/r1/2", "p/r2/1"]
 
 
 def test_step_repeated_after_a_restore_counts_again_and_is_not_a_stall():
@@ -143,7 +143,7 @@ def test_a_late_lower_count_does_not_reset_the_series():
     det, state, _ = detector()
     det.observe(ev("STEP", 5, step=4), now_ns=0)
     det.observe(ev("HEARTBEAT", 3), now_ns=10 * S)  # out of order: an older report
-    assert state["r1/1"]["step_count"] == 5 and state["r1/1"]["increased_ns"] == 0
+    assert state["p/r1/1"]["step_count"] == 5 and state["p/r1/1"]["increased_ns"] == 0
     assert det.observe(ev("HEARTBEAT", 4), now_ns=20 * S) == []  # still not an increase
 
 
@@ -151,26 +151,26 @@ def test_tracked_runs_are_capped_by_evicting_the_longest_silent():
     det, state, book_state = detector(max_runs=2)
     det.observe(ev("RUN_START", 0, run_id="a"), now_ns=0)
     det.observe(ev("RUN_START", 0, run_id="b"), now_ns=10 * S)
-    assert summary(det.tick(300 * S)) == [("silent_run", "FIRING", "a/1")]
+    assert summary(det.tick(300 * S)) == [("silent_run", "FIRING", "p/a/1")]
     det.observe(ev("HEARTBEAT", 0, run_id="b"), now_ns=305 * S)
     out = det.observe(ev("RUN_START", 0, run_id="c"), now_ns=320 * S)
-    assert summary(out) == [("silent_run", "RESOLVED", "a/1")] and "no longer tracked" in out[0]["summary"]
-    assert sorted(state) == ["b/1", "c/1"] and det.evicted == 1 and det.tracked == 2
+    assert summary(out) == [("silent_run", "RESOLVED", "p/a/1")] and "no longer tracked" in out[0]["summary"]
+    assert sorted(state) == ["p/b/1", "p/c/1"] and det.evicted == 1 and det.tracked == 2
     assert list(book_state) == []
 
 
 def test_restart_grace_measures_ages_from_the_processor_restart():
-    state = {"r1/1": {"project": "p", "run_id": "r1", "attempt": 1, "step_count": 3, "increased_ns": 0, "seen_ns": 0}}
+    state = {"p/r1/1": {"project": "p", "run_id": "r1", "attempt": 1, "step_count": 3, "increased_ns": 0, "seen_ns": 0}}
     det = StallDetector(state, AlertBook({}), 900, 300, resumed_ns=5000 * S)
     assert det.tick(5000 * S) == []
     assert det.tick(5300 * S - 1) == []
-    assert summary(det.tick(5300 * S)) == [("silent_run", "FIRING", "r1/1")]
+    assert summary(det.tick(5300 * S)) == [("silent_run", "FIRING", "p/r1/1")]
 
 
 def test_state_values_are_replaced_not_mutated():
     det, state, _ = detector()
     det.observe(ev("RUN_START", 0), now_ns=0)
-    before = state["r1/1"]
+    before = state["p/r1/1"]
     snapshot = dict(before)
     det.observe(ev("STEP", 1, step=0), now_ns=5 * S)
-    assert before == snapshot and state["r1/1"] is not before
+    assert before == snapshot and state["p/r1/1"] is not before

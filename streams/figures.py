@@ -1,0 +1,210 @@
+"""The figures of one step and of one grader window, as accumulators a run's state holds.
+
+Each accumulator takes spans one at a time (``add``), round-trips through plain JSON types
+(``to_dict`` / ``from_dict``: a Faust table value travels through a changelog topic), and turns
+into the Avro records the streams publish. Semantics are those of seed 001 and DESIGN.md,
+"Figures the streams compute".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from streams.histograms import REWARD_BOUNDS, ExpHistogram, RewardHistogram
+
+NS = 1_000_000_000
+CAUSES = ("timeout", "unavailable", "unreadable", "ungradable")  # grader failure causes (seed 001)
+UNKNOWN_CAUSE = "unknown"  # an outcome outside the contract still counts as a failure, under this cause
+MAX_SAMPLES = 4096  # distinct sample ids kept per step; more are counted in samples_dropped, not kept
+MAX_TERMS = 64  # the SDK's cap on distinct reward terms per run; more are counted in terms_dropped
+
+
+class StepFigures:
+    """Rollouts of one (attempt, step): clipped ratio, reward and length histograms, sample groups."""
+
+    __slots__ = ("rollouts", "clipped", "reward_sum", "reward_sumsq", "completions", "completion_sum",
+                 "completion_min", "completion_max", "hist", "lengths", "samples", "samples_dropped",
+                 "terms_dropped", "end_ns", "closed", "dirty")
+
+    def __init__(self) -> None:
+        self.rollouts = self.clipped = self.completions = self.completion_sum = 0
+        self.reward_sum = self.reward_sumsq = 0.0
+        self.completion_min: int | None = None
+        self.completion_max: int | None = None
+        self.hist: dict[str, RewardHistogram] = {}
+        self.lengths = ExpHistogram()
+        self.samples: dict[str, list] = {}  # sample_id -> [n, min, max, sum, sum of squares]
+        self.samples_dropped = self.terms_dropped = 0
+        self.end_ns: int | None = None  # event time the step ended: its STEP event, or a later step's first rollout
+        self.closed = False  # emitted as complete (the alert rules have seen it)
+        self.dirty = False  # changed since it was emitted
+
+    def add(self, span: dict[str, Any]) -> None:
+        reward = float(span["reward"])
+        self.rollouts += 1
+        if span.get("clipped"):
+            self.clipped += 1
+        self.reward_sum += reward
+        self.reward_sumsq += reward * reward
+        self._hist("total", reward)
+        shares = span.get("term_shares")
+        if shares:
+            for term, share in shares.items():
+                if term in self.hist or len(self.hist) <= MAX_TERMS:
+                    self._hist(term, float(share))
+                else:
+                    self.terms_dropped += 1
+        tokens = span.get("completion_tokens")
+        if tokens is not None:
+            self.completions += 1
+            self.completion_sum += tokens
+            self.completion_min = tokens if self.completion_min is None else min(self.completion_min, tokens)
+            self.completion_max = tokens if self.completion_max is None else max(self.completion_max, tokens)
+            self.lengths.add(tokens)
+        sample = span.get("sample_id")
+        if sample is not None:
+            group = self.samples.get(sample)
+            if group is None:
+                if len(self.samples) >= MAX_SAMPLES:
+                    self.samples_dropped += 1
+                else:
+                    self.samples[sample] = [1, reward, reward, reward, reward * reward]
+            else:
+                group[0] += 1
+                group[1] = min(group[1], reward)
+                group[2] = max(group[2], reward)
+                group[3] += reward
+                group[4] += reward * reward
+        if self.closed:
+            self.dirty = True
+
+    def _hist(self, term: str, x: float) -> None:
+        h = self.hist.get(term)
+        if h is None:
+            h = self.hist[term] = RewardHistogram()
+        h.add(x)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rollouts": self.rollouts, "clipped": self.clipped, "reward_sum": self.reward_sum,
+                "reward_sumsq": self.reward_sumsq, "completions": self.completions, "completion_sum": self.completion_sum,
+                "completion_min": self.completion_min, "completion_max": self.completion_max,
+                "hist": {t: h.to_dict() for t, h in self.hist.items()}, "lengths": self.lengths.to_dict(),
+                "samples": self.samples, "samples_dropped": self.samples_dropped, "terms_dropped": self.terms_dropped,
+                "end_ns": self.end_ns, "closed": self.closed, "dirty": self.dirty}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StepFigures":
+        f = cls()
+        for name in ("rollouts", "clipped", "reward_sum", "reward_sumsq", "completions", "completion_sum",
+                     "completion_min", "completion_max", "samples_dropped", "terms_dropped", "end_ns", "closed", "dirty"):
+            setattr(f, name, d[name])
+        f.hist = {t: RewardHistogram.from_dict(h) for t, h in d["hist"].items()}
+        f.lengths = ExpHistogram.from_dict(d["lengths"])
+        f.samples = {k: list(v) for k, v in d["samples"].items()}
+        return f
+
+    # -- records -----------------------------------------------------------------------------
+    def stats_record(self, ident: dict[str, Any], step: int, emitted_at_ns: int) -> dict[str, Any]:
+        """The StepStats record."""
+        n = self.rollouts
+        total = self.hist.get("total") or RewardHistogram()
+        groups = [g for g in self.samples.values() if g[0] >= 2]
+        # "all scored the same" is exact equality of the rewards, as the histograms compare exactly
+        same = sum(1 for g in groups if g[1] == g[2])
+        spreads = [_std(g[0], g[3], g[4]) for g in groups]
+        return {
+            **ident, "step": step, "rollouts": n, "clipped": self.clipped, "clipped_ratio": self.clipped / n if n else 0.0,
+            "reward_mean": self.reward_sum / n if n else 0.0, "reward_std": _std(n, self.reward_sum, self.reward_sumsq),
+            "reward_min": total.min if total.min is not None else 0.0,
+            "reward_max": total.max if total.max is not None else 0.0,
+            "reward_zero_fraction": total.zero_fraction,
+            "completion_mean": self.completion_sum / self.completions if self.completions else 0.0,
+            "completion_min": self.completion_min or 0, "completion_max": self.completion_max or 0,
+            "samples": len(groups), "samples_same_reward": same,
+            "sample_reward_spread_mean": sum(spreads) / len(spreads) if spreads else 0.0,
+            "complete": True, "emitted_at_ns": emitted_at_ns,
+        }
+
+    def histogram_records(self, ident: dict[str, Any], step: int, emitted_at_ns: int) -> list[dict[str, Any]]:
+        """RewardHistogram records: ``total`` and one per declared term."""
+        bounds = [float(b) for b in REWARD_BOUNDS]
+        return [{**ident, "step": step, "term": term, "bounds": bounds, "bucket_counts": list(h.counts), "count": h.count,
+                 "sum": h.sum, "min": h.min if h.min is not None else 0.0, "max": h.max if h.max is not None else 0.0,
+                 "zero_fraction": h.zero_fraction, "emitted_at_ns": emitted_at_ns}
+                for term, h in sorted(self.hist.items())]
+
+    def length_record(self, ident: dict[str, Any], step: int, emitted_at_ns: int) -> dict[str, Any]:
+        h = self.lengths
+        return {**ident, "step": step, "scale": h.scale, "zero_count": h.zero_count, "offset": h.offset,
+                "bucket_counts": list(h.counts), "count": h.count, "sum": float(h.sum),
+                "min": float(h.min if h.min is not None else 0), "max": float(h.max if h.max is not None else 0),
+                "emitted_at_ns": emitted_at_ns}
+
+
+def _std(n: int, s: float, sq: float) -> float:
+    if n == 0:
+        return 0.0
+    mean = s / n
+    return math.sqrt(max(sq / n - mean * mean, 0.0))
+
+
+class GraderWindow:
+    """Grader outcomes of one (attempt, term) in one tumbling event-time window."""
+
+    __slots__ = ("graded", "causes", "durations", "closed", "dirty")
+
+    def __init__(self) -> None:
+        self.graded = 0
+        self.causes: dict[str, int] = {}
+        self.durations = ExpHistogram()
+        self.closed = False
+        self.dirty = False
+
+    def add(self, span: dict[str, Any]) -> None:
+        self.graded += 1
+        self.durations.add(max(span["end_time_ns"] - span["start_time_ns"], 0) / NS)
+        outcome = span.get("outcome") or "ok"
+        if outcome != "ok":
+            cause = outcome if outcome in CAUSES else UNKNOWN_CAUSE
+            self.causes[cause] = self.causes.get(cause, 0) + 1
+        if self.closed:
+            self.dirty = True
+
+    @property
+    def failures(self) -> int:
+        return sum(self.causes.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"graded": self.graded, "causes": self.causes, "durations": self.durations.to_dict(),
+                "closed": self.closed, "dirty": self.dirty}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GraderWindow":
+        w = cls()
+        w.graded, w.causes, w.closed, w.dirty = d["graded"], dict(d["causes"]), d["closed"], d["dirty"]
+        w.durations = ExpHistogram.from_dict(d["durations"])
+        return w
+
+    def failure_records(self, ident: dict[str, Any], term: str, start_ns: int, end_ns: int,
+                        emitted_at_ns: int) -> list[dict[str, Any]]:
+        """GraderFailureWindow records: one per cause, zero counts included (a cause that went away reads 0)."""
+        causes = dict.fromkeys(CAUSES, 0)
+        causes.update(self.causes)
+        return [{**ident, "term": term, "cause": cause, "window_start_ns": start_ns, "window_end_ns": end_ns,
+                 "failures": count, "graded": self.graded, "emitted_at_ns": emitted_at_ns}
+                for cause, count in sorted(causes.items())]
+
+    def window_record(self, ident: dict[str, Any], term: str, start_ns: int, end_ns: int,
+                      emitted_at_ns: int) -> dict[str, Any]:
+        """The GraderWindow record: totals over causes with the grader-call duration percentiles."""
+        d = self.durations
+
+        def q(p: float) -> float:
+            return float(d.quantile(p)) if d.count else 0.0
+
+        failures = self.failures
+        return {**ident, "term": term, "window_start_ns": start_ns, "window_end_ns": end_ns, "graded": self.graded,
+                "failures": failures, "failure_rate": failures / self.graded if self.graded else 0.0,
+                "duration_p50_s": q(0.5), "duration_p90_s": q(0.9), "duration_p99_s": q(0.99),
+                "duration_max_s": float(d.max or 0.0), "emitted_at_ns": emitted_at_ns}

@@ -1,0 +1,330 @@
+"""The run processor: every figure and every alert of a run, computed in one place.
+
+A run's spans and steps share the key ``project/run_id``, so they land on one partition and one
+processor sees all of the run. Its state is one :class:`Run` (one Faust table entry), written
+once per message. Time comes in as ``now_ns``; nothing here knows Kafka or Faust.
+
+* **Replays** are skipped by sequence marks: the highest ``sequence_id`` applied per (topic,
+  attempt, writer). A redelivered message, a replayed offset range after a crash, or a producer
+  retry changes nothing. A record without a sequence (``sequence_id`` 0) is always applied.
+* **Event time** decides lateness. A run's progress is the event time of its slowest active
+  stream (topic, attempt, writer), as a watermark is the minimum over its inputs; a stream that
+  has fallen more than a window plus the lateness behind the fastest is no longer active (a
+  writer that stopped must not hold the run back). A grader window closes when progress passes
+  its end plus the allowed lateness; a step when progress passes the step's end (its STEP event,
+  a later step's first rollout, or RUN_END) plus the lateness. A backlog is therefore counted
+  exactly however late it is processed.
+* **Idle runs** close by the wall clock: no message of the run for ``idle_s`` (from this
+  processor's own start at the earliest, so our downtime never closes anything early).
+* **Late data** for a closed window or step that is still retained updates it and re-emits it
+  (readers keep the latest ``emitted_at_ns``); the alert rules see each step and window once.
+  Data older than the retention is counted in ``late_dropped`` and logged, never silently lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, NamedTuple
+
+from rlpulse.settings import AlertThresholds
+from streams.alerting import AlertBook, forget_run, grader_failure_rate, step_rules
+from streams.figures import NS, GraderWindow, StepFigures
+from streams.stall import StallDetector
+
+log = logging.getLogger(__name__)
+
+
+class Output(NamedTuple):
+    topic: str  # short name of a derived topic
+    key: str
+    schema: str  # record type
+    record: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    window_s: float = 60.0
+    lateness_s: float = 10.0
+    idle_s: float = 25.0  # no message for this long: close what is open by the wall clock
+    stall_after_s: float = 900.0
+    silent_after_s: float = 300.0
+    retention_s: float = 120.0  # closed windows and steps kept this long (event time) for late data
+    thresholds: AlertThresholds = dataclasses.field(default_factory=AlertThresholds)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "RunConfig":
+        return cls(window_s=settings.window, lateness_s=settings.allowed_lateness,
+                   idle_s=settings.allowed_lateness + settings.heartbeat_interval,
+                   stall_after_s=settings.stall_after, silent_after_s=settings.silent_after,
+                   retention_s=max(10 * settings.allowed_lateness, 2 * settings.window), thresholds=settings.alerts)
+
+
+class Run:
+    """The state of one run: marks, progress, open and retained figures, stall and alert state."""
+
+    def __init__(self, project: str, run_id: str, partition: int):
+        self.project, self.run_id, self.partition = project, run_id, partition
+        self.marks: dict[str, int] = {}  # "topic|attempt|writer" -> highest sequence_id applied
+        self.progress: dict[str, int] = {}  # same key -> highest event time seen
+        self.seen_ns = 0  # wall clock of the last message
+        self.windows: dict[str, GraderWindow] = {}  # "attempt|term|start_ns"
+        self.steps: dict[str, StepFigures] = {}  # "attempt|step"
+        self.step_ends: dict[str, int] = {}  # "attempt|step" -> STEP event time, for steps not yet seen
+        self.max_step: dict[str, int] = {}  # attempt -> highest step with a rollout
+        # attempt -> highest step / window start whose figures were emitted and dropped: data for
+        # them is late, and must never start a new, partial row that would replace the complete one
+        self.retired_steps: dict[str, int] = {}
+        self.retired_windows: dict[str, int] = {}
+        self.stalls: dict[str, dict] = {}
+        self.rules: dict[str, dict] = {}
+        self.alerts: dict[str, dict] = {}
+        self.ended: list[int] = []  # attempts that sent RUN_END
+        self.late_dropped = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"project": self.project, "run_id": self.run_id, "partition": self.partition, "marks": self.marks,
+                "progress": self.progress, "seen_ns": self.seen_ns,
+                "windows": {k: w.to_dict() for k, w in self.windows.items()},
+                "steps": {k: s.to_dict() for k, s in self.steps.items()}, "step_ends": self.step_ends,
+                "max_step": self.max_step, "retired_steps": self.retired_steps,
+                "retired_windows": self.retired_windows, "stalls": self.stalls, "rules": self.rules, "alerts": self.alerts,
+                "ended": self.ended, "late_dropped": self.late_dropped}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Run":
+        run = cls(d["project"], d["run_id"], d["partition"])
+        run.marks, run.progress, run.seen_ns = dict(d["marks"]), dict(d["progress"]), d["seen_ns"]
+        run.windows = {k: GraderWindow.from_dict(w) for k, w in d["windows"].items()}
+        run.steps = {k: StepFigures.from_dict(s) for k, s in d["steps"].items()}
+        run.step_ends, run.max_step = dict(d["step_ends"]), dict(d["max_step"])
+        run.retired_steps, run.retired_windows = dict(d["retired_steps"]), dict(d["retired_windows"])
+        run.stalls, run.rules, run.alerts = dict(d["stalls"]), dict(d["rules"]), dict(d["alerts"])
+        run.ended, run.late_dropped = list(d["ended"]), d["late_dropped"]
+        return run
+
+    def ident(self, attempt: int) -> dict[str, Any]:
+        return {"project": self.project, "run_id": self.run_id, "attempt": attempt}
+
+    @property
+    def key(self) -> str:
+        return f"{self.project}/{self.run_id}"
+
+
+class RunProcessor:
+    """Applies messages and ticks to :class:`Run` states and returns the records to publish."""
+
+    def __init__(self, config: RunConfig, resumed_ns: int):
+        self.config = config
+        self.resumed_ns = resumed_ns  # when this processor (re)started
+        self.size_ns = int(config.window_s * NS)
+        self.lateness_ns = int(config.lateness_s * NS)
+        self.idle_ns = int(config.idle_s * NS)
+        self.retention_ns = int(config.retention_s * NS)
+        self.slack_ns = self.size_ns + self.lateness_ns  # a stream this far behind the fastest is inactive
+        self.duplicates = 0  # records skipped by their sequence marks
+
+    # -- messages ----------------------------------------------------------------------------
+    def on_records(self, run: Run, topic: str, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
+        """Apply one message's records (``topic`` is ``spans`` or ``steps``) and close what is due."""
+        out: list[Output] = []
+        marks, progress = run.marks, run.progress
+        for r in records:
+            seq = r.get("sequence_id") or 0
+            stream = f"{topic}|{r['attempt']}|{r.get('writer_id', '')}"
+            if seq > 0:
+                if seq <= marks.get(stream, 0):
+                    self.duplicates += 1
+                    continue
+                marks[stream] = seq
+            t = r["time_ns"]
+            if t > progress.get(stream, 0):
+                progress[stream] = t
+            if topic == "spans":
+                kind = r["kind"]
+                if kind == "GRADER" and r.get("term") is not None:
+                    self._grader(run, r)
+                elif kind == "ROLLOUT" and r.get("step") is not None and r.get("reward") is not None:
+                    self._rollout(run, r)
+            else:
+                out += self._step_event(run, r, now_ns)
+        run.seen_ns = now_ns
+        out += self._close(run, now_ns, idle=False)
+        return out
+
+    def _grader(self, run: Run, span: dict[str, Any]) -> None:
+        start = span["time_ns"] - span["time_ns"] % self.size_ns
+        key = f"{span['attempt']}|{span['term']}|{start}"
+        window = run.windows.get(key)
+        if window is None:
+            if start <= run.retired_windows.get(str(span["attempt"]), -1):
+                self._late(run, "grader span", key)
+                return
+            window = run.windows[key] = GraderWindow()
+        window.add(span)
+
+    def _rollout(self, run: Run, span: dict[str, Any]) -> None:
+        attempt, step = str(span["attempt"]), span["step"]
+        key = f"{attempt}|{step}"
+        figures = run.steps.get(key)
+        if figures is None:
+            if step <= run.retired_steps.get(attempt, -1):
+                self._late(run, "rollout", key)
+                return
+            figures = run.steps[key] = StepFigures()
+            figures.end_ns = run.step_ends.pop(key, None)
+        if step > run.max_step.get(attempt, -1):
+            # a later step began: every earlier open step of the attempt has ended by this rollout's time
+            run.max_step[attempt] = step
+            for k, f in run.steps.items():
+                a, s = k.split("|")
+                if a == attempt and int(s) < step and f.end_ns is None:
+                    f.end_ns = span["time_ns"]
+        figures.add(span)
+
+    def _step_event(self, run: Run, event: dict[str, Any], now_ns: int) -> list[Output]:
+        book = AlertBook(run.alerts)
+        stalls = StallDetector(run.stalls, book, self.config.stall_after_s, self.config.silent_after_s,
+                               resumed_ns=self.resumed_ns)
+        alerts = stalls.observe(event, now_ns)
+        attempt = str(event["attempt"])
+        if event["type"] == "STEP":
+            key = f"{attempt}|{event['step']}"
+            figures = run.steps.get(key)
+            if figures is not None:
+                figures.end_ns = event["time_ns"] if figures.end_ns is None else min(figures.end_ns, event["time_ns"])
+            elif key not in run.step_ends:
+                run.step_ends[key] = event["time_ns"]
+        elif event["type"] == "RUN_END":
+            if event["attempt"] not in run.ended:
+                run.ended.append(event["attempt"])
+            for k, f in run.steps.items():
+                if k.split("|")[0] == attempt and f.end_ns is None:
+                    f.end_ns = event["time_ns"]
+        return [self._alert(run, a) for a in alerts]
+
+    def _late(self, run: Run, what: str, key: str) -> None:
+        run.late_dropped += 1
+        log.warning("late %s of %s (%s) dropped: its figures were emitted and retired (%d dropped for this run)",
+                    what, run.key, key, run.late_dropped)
+
+    # -- ticks -------------------------------------------------------------------------------
+    def on_tick(self, run: Run, now_ns: int) -> tuple[list[Output], bool]:
+        """Wall-clock work for one run: stalls, and closing an idle run. Returns (outputs, state changed)."""
+        before = len(run.alerts), len(run.stalls)
+        book = AlertBook(run.alerts)
+        alerts = StallDetector(run.stalls, book, self.config.stall_after_s, self.config.silent_after_s,
+                               resumed_ns=self.resumed_ns).tick(now_ns)
+        out = [self._alert(run, a) for a in alerts]
+        idle = now_ns - max(run.seen_ns, self.resumed_ns) >= self.idle_ns
+        changed = bool(out) or (len(run.alerts), len(run.stalls)) != before
+        if idle and (any(not w.closed or w.dirty for w in run.windows.values())
+                     or any(not s.closed or s.dirty for s in run.steps.values())):
+            out += self._close(run, now_ns, idle=True)
+            changed = True
+        if idle and now_ns - max(run.seen_ns, self.resumed_ns) >= self.retention_ns and (run.windows or run.steps):
+            for key in list(run.windows):  # everything was emitted complete above
+                self._retire_window(run, key)
+            for key in list(run.steps):
+                self._retire_step(run, key)
+            changed = True
+        return out, changed
+
+    def expired(self, run: Run, now_ns: int) -> bool:
+        """True when the run's state can go: every attempt ended (or went silent long ago) and nothing is open."""
+        quiet = now_ns - max(run.seen_ns, self.resumed_ns)
+        if run.windows or run.steps or run.alerts:
+            return False
+        return (not run.stalls and quiet >= self.retention_ns) or quiet >= 24 * 3600 * NS
+
+    # -- closing -----------------------------------------------------------------------------
+    def _progress(self, run: Run) -> int | None:
+        if not run.progress:
+            return None
+        top = max(run.progress.values())
+        floor = top - self.slack_ns
+        return min(t for t in run.progress.values() if t >= floor)
+
+    def _close(self, run: Run, now_ns: int, idle: bool) -> list[Output]:
+        progress = self._progress(run)
+        out: list[Output] = []
+        size, late = self.size_ns, self.lateness_ns
+        for key in sorted(run.windows, key=_window_order):
+            w = run.windows[key]
+            attempt, term, start = key.split("|")
+            start_ns = int(start)
+            due = idle or (progress is not None and progress >= start_ns + size + late)
+            if not w.closed and due:
+                w.closed = True
+                out += self._emit_window(run, int(attempt), term, start_ns, w, now_ns, first=True)
+            elif w.dirty:
+                out += self._emit_window(run, int(attempt), term, start_ns, w, now_ns, first=False)
+            if w.closed and progress is not None and progress >= start_ns + size + late + self.retention_ns:
+                self._retire_window(run, key)
+        for key in sorted(run.steps, key=_step_order):
+            f = run.steps[key]
+            attempt, step = (int(x) for x in key.split("|"))
+            due = idle or (f.end_ns is not None and progress is not None and progress >= f.end_ns + late)
+            if not f.closed and due:
+                f.closed = True
+                out += self._emit_step(run, attempt, step, f, now_ns, first=True)
+            elif f.dirty:
+                out += self._emit_step(run, attempt, step, f, now_ns, first=False)
+            if f.closed and f.end_ns is not None and progress is not None and progress >= f.end_ns + late + self.retention_ns:
+                self._retire_step(run, key)
+        if progress is not None:
+            for key in [k for k, t in run.step_ends.items() if t + late + self.retention_ns <= progress]:
+                del run.step_ends[key]
+        for attempt in list(run.ended):
+            if not any(k.split("|")[0] == str(attempt) for k in list(run.steps) + list(run.windows)):
+                forget_run(run.rules, run.project, run.run_id, attempt)  # its step-rule state goes with it
+        return out
+
+    @staticmethod
+    def _retire_window(run: Run, key: str) -> None:
+        attempt, _, start = key.split("|")
+        del run.windows[key]
+        run.retired_windows[attempt] = max(run.retired_windows.get(attempt, -1), int(start))
+
+    @staticmethod
+    def _retire_step(run: Run, key: str) -> None:
+        attempt, step = key.split("|")
+        del run.steps[key]
+        run.retired_steps[attempt] = max(run.retired_steps.get(attempt, -1), int(step))
+
+    def _emit_window(self, run: Run, attempt: int, term: str, start_ns: int, w: GraderWindow, now_ns: int,
+                     first: bool) -> list[Output]:
+        w.dirty = False
+        ident, end_ns = run.ident(attempt), start_ns + self.size_ns
+        out = [Output("grader-failures", run.key, "GraderFailureWindow", r)
+               for r in w.failure_records(ident, term, start_ns, end_ns, now_ns)]
+        window = w.window_record(ident, term, start_ns, end_ns, now_ns)
+        out.append(Output("grader-windows", run.key, "GraderWindow", window))
+        if first:
+            out += [self._alert(run, a) for a in grader_failure_rate(AlertBook(run.alerts), window, self.config.thresholds, now_ns)]
+        return out
+
+    def _emit_step(self, run: Run, attempt: int, step: int, f: StepFigures, now_ns: int, first: bool) -> list[Output]:
+        f.dirty = False
+        ident = run.ident(attempt)
+        stats = f.stats_record(ident, step, now_ns)
+        out = [Output("step-stats", run.key, "StepStats", stats)]
+        out += [Output("reward-histograms", run.key, "RewardHistogram", r) for r in f.histogram_records(ident, step, now_ns)]
+        out.append(Output("length-histograms", run.key, "CompletionLengthHistogram", f.length_record(ident, step, now_ns)))
+        if first:
+            out += [self._alert(run, a) for a in step_rules(AlertBook(run.alerts), run.rules, stats, self.config.thresholds, now_ns)]
+        return out
+
+    def _alert(self, run: Run, alert: dict[str, Any]) -> Output:
+        log.info("alert %s %s %s: %s", alert["rule"], alert["state"], alert["key"], alert["summary"])
+        return Output("alerts", run.key, "Alert", alert)
+
+
+def _window_order(key: str) -> tuple[int, int, str]:
+    attempt, term, start = key.split("|")
+    return int(start), int(attempt), term
+
+
+def _step_order(key: str) -> tuple[int, int]:
+    attempt, step = key.split("|")
+    return int(attempt), int(step)

@@ -1,0 +1,103 @@
+"""Processors bound to a table: load a key's state, apply a message or a tick, write it once.
+
+The Faust app gives these its tables; the test harness (``streams.testing``) gives them dicts.
+Either way the table is written once per message (one changelog record), never per event.
+
+A Faust table can only be written while an event of the partition that owns the key is being
+processed (its changelog goes to that partition), so a tick for partition ``p`` only touches
+states whose ``partition`` is ``p``: the partition whose message last wrote them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, MutableMapping
+
+from rlpulse.settings import AlertThresholds
+from schemas.catalogue import run_key
+from streams.alerting import AlertBook, hardware, hardware_tick
+from streams.runs import Output, Run, RunProcessor
+
+
+class RunStage:
+    def __init__(self, processor: RunProcessor, table: MutableMapping[str, Any]):
+        self.processor = processor
+        self.table = table
+        # key -> (the value last written, the live Run it came from): no rebuild while they agree
+        self._cache: dict[str, tuple[Any, Run]] = {}
+
+    def _load(self, key: str, project: str, run_id: str, partition: int) -> Run:
+        value = self.table.get(key)
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] is value:
+            return cached[1]
+        return Run.from_dict(value) if value else Run(project, run_id, partition)
+
+    def _store(self, key: str, run: Run) -> None:
+        value = run.to_dict()
+        self.table[key] = value
+        self._cache[key] = (value, run)
+
+    def on_message(self, topic: str, partition: int, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
+        """One message of ``spans`` or ``steps`` (normally of one run; grouped in case it is not)."""
+        by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in records:
+            by_run[run_key(r["project"], r["run_id"])].append(r)
+        out: list[Output] = []
+        for key, rs in by_run.items():
+            run = self._load(key, rs[0]["project"], rs[0]["run_id"], partition)
+            run.partition = partition
+            out += self.processor.on_records(run, topic, rs, now_ns)
+            self._store(key, run)
+        return out
+
+    def on_tick(self, partition: int, now_ns: int) -> list[Output]:
+        out: list[Output] = []
+        for key, value in list(self.table.items()):
+            if not value or value["partition"] != partition:
+                continue
+            run = self._load(key, value["project"], value["run_id"], partition)
+            outputs, changed = self.processor.on_tick(run, now_ns)
+            out += outputs
+            if self.processor.expired(run, now_ns):
+                del self.table[key]
+                self._cache.pop(key, None)
+            elif changed:
+                self._store(key, run)
+        return out
+
+
+class HardwareStage:
+    """XID and hardware-slowdown alerts per GPU; state keyed by ``hw_id``."""
+
+    def __init__(self, thresholds: AlertThresholds, table: MutableMapping[str, Any]):
+        self.thresholds = thresholds
+        self.table = table
+
+    def on_message(self, partition: int, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
+        out: list[Output] = []
+        states: dict[str, dict[str, Any]] = {}
+        for sample in records:
+            if "throttle_reasons" not in sample:  # placements carry no figures
+                continue
+            hw_id = sample["hw_id"]
+            state = states.get(hw_id) or dict(self.table.get(hw_id) or {"gpu": {}, "alerts": {}})
+            state = states[hw_id] = {"partition": partition, "gpu": dict(state["gpu"]), "alerts": dict(state["alerts"])}
+            alerts = hardware(AlertBook(state["alerts"]), state["gpu"], sample, self.thresholds, now_ns)
+            out += [Output("alerts", a["key"], "Alert", a) for a in alerts]
+        for hw_id, state in states.items():
+            if state != self.table.get(hw_id):  # most samples change nothing: no changelog write for them
+                self.table[hw_id] = state
+        return out
+
+    def on_tick(self, partition: int, now_ns: int) -> list[Output]:
+        out: list[Output] = []
+        for hw_id, value in list(self.table.items()):
+            if not value or value["partition"] != partition:
+                continue
+            state = {"partition": partition, "gpu": dict(value["gpu"]), "alerts": dict(value["alerts"])}
+            alerts = hardware_tick(AlertBook(state["alerts"]), state["gpu"], self.thresholds, now_ns)
+            if alerts:
+                self.table[hw_id] = state
+                out += [Output("alerts", a["key"], "Alert", a) for a in alerts]
+        return out

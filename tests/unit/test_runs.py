@@ -1,0 +1,208 @@
+"""The run processor through the harness: exact figures under replays, crashes and backlogs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from streams.runs import RunConfig
+from streams.testing import NS, Harness
+
+T0 = 1_700_000_000 * NS  # event times: a fixed epoch, well before the harness clock
+CONFIG = RunConfig(window_s=10, lateness_s=2, idle_s=5, retention_s=30, stall_after_s=900, silent_after_s=300)
+
+
+class Job:
+    """Builds the records one SDK writer would publish: per-topic sequence ids, one writer id."""
+
+    def __init__(self, run_id: str = "r1", project: str = "p", attempt: int = 1, writer: str = "w1"):
+        self.ident = {"project": project, "run_id": run_id, "attempt": attempt, "stage": ""}
+        self.writer = writer
+        self.seq = {"spans": 0, "steps": 0}
+
+    def _next(self, topic: str) -> int:
+        self.seq[topic] += 1
+        return self.seq[topic]
+
+    def grader(self, t_s: float, outcome: str = "ok", term: str = "judge", duration_s: float = 1.0, step: int = 0) -> dict:
+        t = T0 + int(t_s * NS)
+        return {**self.ident, "time_ns": t, "kind": "GRADER", "term": term, "outcome": outcome, "step": step,
+                "start_time_ns": t - int(duration_s * NS), "end_time_ns": t, "writer_id": self.writer,
+                "sequence_id": self._next("spans")}
+
+    def rollout(self, t_s: float, step: int, reward: float, clipped: bool = False, sample: str | None = None,
+                tokens: int = 100) -> dict:
+        t = T0 + int(t_s * NS)
+        return {**self.ident, "time_ns": t, "kind": "ROLLOUT", "step": step, "reward": reward, "clipped": clipped,
+                "term_shares": {"judge": reward / 2}, "completion_tokens": tokens, "sample_id": sample,
+                "writer_id": self.writer, "sequence_id": self._next("spans")}
+
+    def step(self, t_s: float, type_: str, step: int = -1, count: int = 0) -> dict:
+        return {**self.ident, "time_ns": T0 + int(t_s * NS), "type": type_, "trainer": "rl", "step": step,
+                "step_count": count, "writer_id": self.writer, "sequence_id": self._next("steps")}
+
+
+def workload(job: Job, steps: int = 4, per_step: int = 10) -> tuple[list[tuple[str, list[dict]]], dict]:
+    """Messages (topic, records) of a small run and its truth: failures per (term, cause, window), rollouts per step."""
+    rng = random.Random(7)
+    messages: list[tuple[str, list[dict]]] = [("steps", [job.step(0, "RUN_START")])]
+    failures: dict[tuple, int] = {}
+    rollouts: dict[int, tuple[int, int]] = {}
+    t = 1.0
+    for s in range(steps):
+        spans = []
+        for i in range(per_step):
+            t += 0.7
+            clipped = rng.random() < 0.3
+            spans.append(job.rollout(t, s, round(rng.random(), 3), clipped=clipped, sample=f"s{i // 2}"))
+            n, c = rollouts.get(s, (0, 0))
+            rollouts[s] = (n + 1, c + int(clipped))
+            outcome = rng.choice(["ok", "ok", "timeout", "unavailable"])
+            spans.append(job.grader(t, outcome, step=s))
+            if outcome != "ok":
+                start = (T0 + int(t * NS)) // (10 * NS) * (10 * NS)
+                failures[("judge", outcome, start)] = failures.get(("judge", outcome, start), 0) + 1
+        messages += [("spans", spans[:len(spans) // 2]), ("spans", spans[len(spans) // 2:])]
+        messages.append(("steps", [job.step(t + 0.1, "STEP", step=s, count=s + 1)]))
+    messages.append(("steps", [job.step(t + 0.5, "RUN_END", count=steps)]))
+    return messages, {"failures": failures, "rollouts": rollouts}
+
+
+def figures(h: Harness) -> dict:
+    failures = {(k[3], k[4], k[5]): r["failures"] for k, r in h.latest("grader-failures").items() if r["failures"]}
+    rollouts = {k[3]: (r["rollouts"], r["clipped"]) for k, r in h.latest("step-stats").items()}
+    return {"failures": failures, "rollouts": rollouts}
+
+
+def run_all(h: Harness, messages: list[tuple[str, list[dict]]]) -> None:
+    for topic, records in messages:
+        h.feed(topic, records)
+        h.advance(0.2)
+    h.advance(10)  # the run has gone idle: what is still open closes by the wall clock
+
+
+def test_figures_equal_the_truth_and_windows_close_on_event_time():
+    h = Harness(CONFIG)
+    messages, truth = workload(Job())
+    for topic, records in messages[:7]:
+        h.feed(topic, records)  # no wall-clock time passes: only event time can close anything
+    # step 0 ended at its STEP event; both writers' streams (spans, steps) have passed that + lateness
+    assert list(h.latest("step-stats")) == [("p", "r1", 1, 0)]
+    run_all(h, messages[7:])
+    assert figures(h) == truth
+    hist = h.latest("reward-histograms")[("p", "r1", 1, 0, "total")]
+    assert hist["count"] == 10 and sum(hist["bucket_counts"]) == 10
+
+
+def test_a_replay_changes_no_figure():
+    h = Harness(CONFIG)
+    messages, truth = workload(Job())
+    for topic, records in messages:
+        h.feed(topic, records)
+    h.replay(last=len(messages))  # every message delivered twice
+    h.advance(10)
+    assert figures(h) == truth
+    assert h.stage.processor.duplicates == sum(len(r) for _, r in messages)
+
+
+@pytest.mark.parametrize("lose_last_write", [False, True])
+def test_a_crash_then_replay_of_the_uncommitted_messages_gives_exact_figures(lose_last_write):
+    h = Harness(CONFIG)
+    messages, truth = workload(Job())
+    for topic, records in messages[:6]:
+        h.feed(topic, records)
+    h.crash(lose_last_write=lose_last_write)  # between the state write and the commit, or before the write
+    h.replay(last=3)  # the offsets after the last commit come again
+    for topic, records in messages[6:]:
+        h.feed(topic, records)
+    h.advance(10)
+    assert figures(h) == truth
+
+
+def test_a_restart_never_emits_a_partial_step_or_window_over_a_complete_one():
+    h = Harness(CONFIG)
+    messages, truth = workload(Job())
+    run_all(h, messages)
+    h.crash()
+    h.replay(last=len(messages))  # the whole range again, after everything was emitted
+    h.advance(60)
+    assert figures(h) == truth
+
+
+def test_an_out_of_order_backlog_of_two_writers_processed_long_after_is_exact():
+    """Two writers of one attempt interleaved out of time order, processed hours later in one burst."""
+    a, b = Job(writer="wa"), Job(writer="wb")
+    msgs_a, truth_a = workload(a, steps=3)
+    msgs_b, truth_b = workload(b, steps=3)
+    h = Harness(CONFIG, now_ns=T0 + 3 * 3600 * NS)  # the worker starts three hours after the jobs ran
+    # writer b runs two messages ahead of writer a, and each writer's steps come after its spans
+    order = [msgs_b[0], msgs_a[0], msgs_b[1], msgs_b[2]]
+    for i in range(1, len(msgs_a)):
+        order += [m for m in (msgs_b[i + 2:i + 3] + msgs_a[i:i + 1])]
+    order += msgs_b[len(msgs_a) + 2:]
+    assert sorted(map(str, order)) == sorted(map(str, msgs_a + msgs_b))
+    for topic, records in order:
+        h.feed(topic, records)
+    h.advance(10)
+    want_failures: dict = {}
+    for k, n in list(truth_a["failures"].items()) + list(truth_b["failures"].items()):
+        want_failures[k] = want_failures.get(k, 0) + n
+    want_rollouts = {s: (truth_a["rollouts"][s][0] + truth_b["rollouts"][s][0],
+                         truth_a["rollouts"][s][1] + truth_b["rollouts"][s][1]) for s in truth_a["rollouts"]}
+    assert figures(h) == {"failures": want_failures, "rollouts": want_rollouts}
+    assert not [r for r in h.emissions("grader-failures") if r["failures"] < want_failures.get(
+        (r["term"], r["cause"], r["window_start_ns"]), 0)], "no window was emitted before all of its spans were in"
+
+
+def test_late_data_for_a_retained_step_updates_it_and_rules_see_the_step_once():
+    h = Harness(CONFIG)
+    job = Job()
+    h.feed("spans", [job.rollout(1, 0, 0.0), job.rollout(1.5, 0, 0.0)])
+    h.feed("steps", [job.step(2, "STEP", step=0, count=1)])
+    h.feed("spans", [job.rollout(5, 1, 1.0)])
+    h.feed("steps", [job.step(5, "HEARTBEAT", count=1)])  # both streams pass step 0's end + lateness
+    [first] = [r for r in h.emissions("step-stats") if r["step"] == 0]
+    assert first["rollouts"] == 2 and ("reward_collapse", "p/r1/1", "FIRING") in h.alerts()
+    h.feed("spans", [job.rollout(3, 0, 1.0)])  # late, but retained: re-emitted with it
+    assert h.latest("step-stats")[("p", "r1", 1, 0)]["rollouts"] == 3
+    assert h.alerts().count(("reward_collapse", "p/r1/1", "FIRING")) == 1
+
+
+def test_data_older_than_the_retention_is_counted_not_turned_into_a_partial_row():
+    h = Harness(CONFIG)
+    job = Job()
+    h.feed("spans", [job.grader(1, "timeout")])
+    h.feed("spans", [job.grader(100, "ok")])  # progress far past the first window and its retention
+    assert h.latest("grader-failures")[("p", "r1", 1, "judge", "timeout", T0)]["failures"] == 1
+    h.feed("spans", [job.grader(2, "unavailable")])  # for the retired window
+    rows = h.latest("grader-failures")
+    assert rows[("p", "r1", 1, "judge", "timeout", T0)]["failures"] == 1
+    assert rows[("p", "r1", 1, "judge", "unavailable", T0)]["failures"] == 0  # no partial row replaced it
+    [run] = h.table.values()
+    assert run["late_dropped"] == 1
+
+
+def test_stall_fires_and_resolves_once_across_a_crash():
+    h = Harness(RunConfig(window_s=10, lateness_s=2, idle_s=5, stall_after_s=20, silent_after_s=300))
+    job = Job()
+    h.feed("steps", [job.step(0, "RUN_START")])
+    for i in range(10):
+        h.advance(3)
+        h.feed("steps", [job.step(3 * i, "HEARTBEAT", count=0)])
+    assert h.alerts() == [("stalled_run", "p/r1/1", "FIRING")]
+    h.crash()
+    h.advance(3)
+    h.feed("steps", [job.step(40, "STEP", step=0, count=1)])
+    assert h.alerts() == [("stalled_run", "p/r1/1", "FIRING"), ("stalled_run", "p/r1/1", "RESOLVED")]
+
+
+def test_every_state_and_alert_key_includes_the_project():
+    h = Harness(CONFIG)
+    for project in ("p", "q"):  # one run id in two projects: two runs
+        job = Job(project=project)
+        h.feed("spans", [job.rollout(1, 0, 0.0)])
+        h.feed("steps", [job.step(2, "STEP", step=0, count=1), job.step(2.5, "RUN_END", count=1)])
+    h.advance(10)
+    assert sorted(h.table) == ["p/r1", "q/r1"]
+    assert sorted(a[1] for a in h.alerts()) == ["p/r1/1", "q/r1/1"]  # reward collapse, once per project
