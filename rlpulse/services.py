@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import logging
 import os
 import shutil
@@ -145,11 +146,20 @@ def _require(*tools: str) -> None:
         )
 
 
+def _jar_set_id() -> str:
+    """What the libs folder was fetched for: the Kafka version and a digest of the pom, so a changed
+    jar set (say a tool added to the pom) fetches again into a folder fetched before."""
+    return f"{KAFKA_VERSION} {hashlib.sha256(POM.read_bytes()).hexdigest()[:16]}"
+
+
 def fetch_jars(settings: Settings) -> Path:
-    """Fetch the Kafka jars into ``$RLPULSE_HOME/kafka/libs`` with ``mvn``, once; return that folder."""
+    """Fetch the Kafka jars into ``$RLPULSE_HOME/kafka/libs`` with ``mvn``, once per jar set; return that folder.
+
+    Jars already there are kept (mvn skips them), so this is safe while the broker runs from them.
+    """
     libs = _kafka_dir(settings) / "libs"
     marker = libs / ".complete"
-    if marker.exists() and marker.read_text().strip() == KAFKA_VERSION:
+    if marker.exists() and marker.read_text().strip() == _jar_set_id():
         return libs
     _require("java", "mvn")
     _say(f"fetching Kafka {KAFKA_VERSION} jars from Maven Central with mvn into {libs} ...")
@@ -160,7 +170,7 @@ def fetch_jars(settings: Settings) -> Path:
     if run.returncode != 0:
         tail = "\n".join((run.stdout + run.stderr).splitlines()[-20:])
         raise ServicesError(f"mvn failed (exit {run.returncode}) fetching the Kafka jars:\n{tail}")
-    marker.write_text(KAFKA_VERSION + "\n")
+    marker.write_text(_jar_set_id() + "\n")
     _say(f"fetched {len(list(libs.glob('*.jar')))} jars in {time.monotonic() - started:.0f}s")
     return libs
 

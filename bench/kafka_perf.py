@@ -1,0 +1,152 @@
+"""Kafka's own ceilings on this machine, from the broker's jars: ``ProducerPerformance`` and
+``ConsumerPerformance`` (``org.apache.kafka:kafka-tools``, fetched with the broker's jars).
+
+Both tools count Kafka records (our messages); one of our messages is a container of many
+events, so their records/s are converted to events/s with our records-per-message (see
+:func:`producer_ceiling` and :func:`consumer_ceiling`, which say so in their results).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.stats import median
+from rlpulse import services
+from rlpulse.settings import Settings
+
+JVM_OPTS = ["-Xmx512m", "-Xms128m", "-Djava.awt.headless=true"]
+# The jars ship only slf4j-reload4j as a backend: without a config log4j prints a warning per
+# run, and at INFO the clients log every config value. Warnings and errors go to stderr.
+LOG4J = """log4j.rootLogger=WARN, stderr
+log4j.appender.stderr=org.apache.log4j.ConsoleAppender
+log4j.appender.stderr.Target=System.err
+log4j.appender.stderr.layout=org.apache.log4j.PatternLayout
+log4j.appender.stderr.layout.ConversionPattern=%p %m (%c)%n
+# a topic's first metadata response names it unknown until it is created: expected, not a problem
+log4j.logger.org.apache.kafka.clients.NetworkClient=ERROR
+"""
+# The producer settings a ceiling uses: acks=all as our idempotent producers need, the
+# compression the design asks of every producer, and Kafka's usual throughput batching.
+PRODUCER_PROPS = {"acks": "all", "compression.type": "lz4", "linger.ms": "5", "batch.size": "262144",
+                  "max.request.size": "1048576"}
+
+_PRODUCER_LINE = re.compile(
+    r"(?P<records>\d+) records sent, (?P<rps>[\d.]+) records/sec \((?P<mbps>[\d.]+) MB/sec\), "
+    r"(?P<avg>[\d.]+) ms avg latency, (?P<max>[\d.]+) ms max latency, (?P<p50>\d+) ms 50th, (?P<p95>\d+) ms 95th, "
+    r"(?P<p99>\d+) ms 99th")
+
+
+class PerfError(RuntimeError):
+    """A Kafka tool failed or printed something we cannot read; the message carries its output."""
+
+
+def tools_libs(settings: Settings) -> Path:
+    """The broker's jar folder, which must hold kafka-tools (``services.fetch_jars`` adds it)."""
+    libs = services.fetch_jars(settings)
+    if not list(libs.glob("kafka-tools-[0-9]*.jar")):
+        raise PerfError(f"no kafka-tools jar in {libs}: run `rlpulse services up` to fetch the jars of rlpulse/kafka/pom.xml")
+    return libs
+
+
+def _java(libs: Path, main: str, args: list[str], timeout: float) -> str:
+    with tempfile.NamedTemporaryFile("w", suffix=".properties", prefix="rlpulse-bench-log4j-") as log4j:
+        log4j.write(LOG4J)
+        log4j.flush()
+        cmd = ["java", *JVM_OPTS, f"-Dlog4j.configuration=file:{log4j.name}", "-cp", f"{libs}/*", main, *args]
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise PerfError(f"{main.rsplit('.', 1)[-1]} ran past {timeout:.0f}s") from exc
+    if run.returncode != 0:
+        tail = "\n".join((run.stdout + run.stderr).splitlines()[-15:])
+        raise PerfError(f"{main.rsplit('.', 1)[-1]} exited with {run.returncode}:\n{tail}")
+    return run.stdout
+
+
+def parse_producer(stdout: str) -> dict[str, float]:
+    """The summary line ProducerPerformance prints last (its periodic lines lack the percentiles)."""
+    matches = list(_PRODUCER_LINE.finditer(stdout))
+    if not matches:
+        raise PerfError(f"no ProducerPerformance summary in its output:\n{stdout[-2000:]}")
+    m = matches[-1]
+    return {"records": int(m["records"]), "records_per_s": float(m["rps"]), "mb_per_s": float(m["mbps"]),
+            "latency_avg_ms": float(m["avg"]), "latency_p99_ms": float(m["p99"])}
+
+
+def parse_consumer(stdout: str) -> dict[str, float]:
+    """ConsumerPerformance's CSV: a header line, then one line of totals."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("start.time,"):
+            header = [h.strip() for h in line.split(",")]
+            values = [v.strip() for v in lines[i + 1].split(",")]
+            row = dict(zip(header, values))
+            try:
+                return {"messages": int(row["data.consumed.in.nMsg"]), "mb": float(row["data.consumed.in.MB"]),
+                        "messages_per_s": float(row["nMsg.sec"]), "mb_per_s": float(row["MB.sec"]),
+                        # fetch.* leave out the group join (rebalance.time.ms): the rate of reading itself
+                        "fetch_messages_per_s": float(row["fetch.nMsg.sec"]), "fetch_mb_per_s": float(row["fetch.MB.sec"]),
+                        "rebalance_ms": float(row["rebalance.time.ms"]), "fetch_ms": float(row["fetch.time.ms"])}
+            except (KeyError, ValueError) as exc:
+                raise PerfError(f"unreadable ConsumerPerformance totals {lines[i + 1]!r}: {exc}") from None
+    raise PerfError(f"no ConsumerPerformance totals in its output:\n{stdout[-2000:]}")
+
+
+def producer_perf(settings: Settings, libs: Path, topic: str, records: int, record_size: int,
+                  timeout: float = 120.0) -> dict[str, float]:
+    props = [f"bootstrap.servers={settings.kafka_bootstrap}", *(f"{k}={v}" for k, v in PRODUCER_PROPS.items())]
+    out = _java(libs, "org.apache.kafka.tools.ProducerPerformance",
+                ["--topic", topic, "--num-records", str(records), "--record-size", str(record_size),
+                 "--throughput", "-1", "--producer-props", *props], timeout)
+    return parse_producer(out)
+
+
+def consumer_perf(settings: Settings, libs: Path, topic: str, messages: int, timeout: float = 120.0) -> dict[str, float]:
+    """Read ``messages`` records of ``topic`` from the start, in a fresh consumer group."""
+    out = _java(libs, "org.apache.kafka.tools.ConsumerPerformance",
+                ["--bootstrap-server", settings.kafka_bootstrap, "--topic", topic, "--messages", str(messages),
+                 "--group", f"rlpulse-bench-cperf-{uuid.uuid4().hex[:8]}", "--timeout", "30000"], timeout)
+    return parse_consumer(out)
+
+
+def producer_ceiling(settings: Settings, topic: str, record_size: int, events_per_record: float,
+                     reps: int = 3, target_mb: float = 120.0) -> dict[str, Any]:
+    """Median of ``reps`` ProducerPerformance runs with records the size of our span containers."""
+    libs = tools_libs(settings)
+    records = max(200, int(target_mb * 1e6 / record_size))
+    runs = [producer_perf(settings, libs, topic, records, record_size) for _ in range(reps)]
+    rps = median(r["records_per_s"] for r in runs)
+    return {
+        "producer_ceiling_events_per_s": None if rps is None else rps * events_per_record,
+        "producer_ceiling_records_per_s": rps,
+        "producer_ceiling_mb_per_s": median(r["mb_per_s"] for r in runs),
+        "producer_ceiling_latency_p99_ms": median(r["latency_p99_ms"] for r in runs),
+        "producer_ceiling_runs": runs,
+        "producer_ceiling_conversion": (
+            f"Kafka records/s x {events_per_record:.1f} events per record: each ProducerPerformance record is "
+            f"{record_size} bytes, the mean size of our span containers of {events_per_record:.1f} events "
+            f"(median of {reps} runs of {records} records; producer {PRODUCER_PROPS}; its payload is random "
+            "letters, which lz4 compresses less than Avro)"),
+    }
+
+
+def consumer_ceiling(settings: Settings, topic: str, messages: int, events_per_message: float,
+                     reps: int = 3) -> dict[str, Any]:
+    """Median of ``reps`` ConsumerPerformance reads of the whole topic the drain reads."""
+    libs = tools_libs(settings)
+    runs = [consumer_perf(settings, libs, topic, messages) for _ in range(reps)]
+    mps = median(r["fetch_messages_per_s"] for r in runs)
+    return {
+        "consumer_ceiling_events_per_s": None if mps is None else mps * events_per_message,
+        "consumer_ceiling_messages_per_s": mps,
+        "consumer_ceiling_mb_per_s": median(r["fetch_mb_per_s"] for r in runs),
+        "consumer_ceiling_runs": runs,
+        "consumer_ceiling_conversion": (
+            f"ConsumerPerformance fetch.nMsg.sec (group join excluded) x {events_per_message:.1f} events per message, "
+            f"reading all {messages} messages of {topic}, the backlog the drain reads (median of {reps} runs)"),
+    }

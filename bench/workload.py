@@ -1,0 +1,242 @@
+"""A synthetic training workload with known ground truth, for the end-to-end drain.
+
+Runs of one project, each with steps of rollouts; every rollout has a ROLLOUT span and one
+GRADER span per term whose outcome is ok or a failure cause. The generator yields the Kafka
+messages a fleet of SDK writers would have published (containers of one run's records, keyed
+``project/run_id``), interleaved across runs so the streams hold every run's state at once, as
+with that many concurrent jobs. :class:`Truth` counts what was generated from the records
+themselves, so a bug in the generator's bookkeeping cannot hide a wrong figure downstream.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from schemas.catalogue import run_key
+
+OUTCOMES = ("ok", "timeout", "unavailable", "unreadable", "ungradable")
+CAUSES = OUTCOMES[1:]
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    project: str = "bench"
+    runs: int = 1000
+    steps: int = 10
+    rollouts: int = 50  # per step; each has one ROLLOUT span and one GRADER span per term
+    terms: tuple[str, ...] = ("judge",)
+    steps_per_container: int = 2  # one span container = this many steps of one run (200 records by default)
+    span_s: float = 240.0  # a run's events spread over this many seconds of event time ...
+    end_ago_s: float = 60.0  # ... ending this long before now, so every window is past its lateness
+    outcome_weights: tuple[float, ...] = (0.80, 0.08, 0.05, 0.04, 0.03)  # in OUTCOMES order
+    clip_rate: float = 0.1
+    max_tokens: int = 1024
+    seed: int = 7
+
+    @property
+    def events_per_run(self) -> int:
+        return self.steps * self.rollouts * (1 + len(self.terms)) + self.steps + 2  # + RUN_START, RUN_END
+
+    @property
+    def events(self) -> int:
+        return self.runs * self.events_per_run
+
+
+@dataclass
+class Message:
+    """One Kafka message: a container of ``records`` of one run, on topic ``<prefix>.<short>``."""
+
+    short: str  # spans or steps
+    key: str
+    record: str  # the Avro record name: Span or Step
+    records: list[dict[str, Any]]
+
+
+@dataclass
+class Truth:
+    """What the streams must compute from the records they were given, counted from those records."""
+
+    failures: Counter = field(default_factory=Counter)  # (run_id, term, cause) -> failed grader calls
+    graded: Counter = field(default_factory=Counter)  # (run_id, term) -> grader calls
+    rollouts: Counter = field(default_factory=Counter)  # (run_id, step) -> ROLLOUT spans
+    clipped: Counter = field(default_factory=Counter)  # (run_id, step) -> clipped ROLLOUT spans
+    events: Counter = field(default_factory=Counter)  # topic short -> records
+    messages: Counter = field(default_factory=Counter)  # topic short -> containers
+
+    def add(self, message: Message) -> None:
+        self.messages[message.short] += 1
+        self.events[message.short] += len(message.records)
+        if message.short != "spans":
+            return
+        for r in message.records:
+            if r["kind"] == "GRADER":
+                self.graded[(r["run_id"], r["term"])] += 1
+                if r["outcome"] != "ok":
+                    self.failures[(r["run_id"], r["term"], r["outcome"])] += 1
+            elif r["kind"] == "ROLLOUT":
+                self.rollouts[(r["run_id"], r["step"])] += 1
+                self.clipped[(r["run_id"], r["step"])] += bool(r["clipped"])
+
+    def step_stats(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """(run_id, step) -> (rollouts, clipped)."""
+        return {k: (n, self.clipped[k]) for k, n in self.rollouts.items()}
+
+    def summary(self) -> dict[str, int]:
+        return {"span_events": self.events["spans"], "step_events": self.events["steps"],
+                "span_messages": self.messages["spans"], "step_messages": self.messages["steps"],
+                "grader_failures": sum(self.failures.values()), "graded": sum(self.graded.values()),
+                "rollouts": sum(self.rollouts.values()), "clipped": sum(self.clipped.values())}
+
+
+class Writer:
+    """One SDK instance's identity: a random writer_id and a sequence per topic (DESIGN, wire format)."""
+
+    def __init__(self, rng: random.Random):
+        self.writer_id = rng.randbytes(8).hex()
+        self._seq = {"spans": 0, "steps": 0}
+
+    def next(self, short: str) -> int:
+        self._seq[short] += 1
+        return self._seq[short]
+
+
+def _base(project: str, run_id: str, time_ns: int, writer: Writer, short: str) -> dict[str, Any]:
+    return {"project": project, "run_id": run_id, "attempt": 1, "stage": "", "time_ns": time_ns,
+            "writer_id": writer.writer_id, "sequence_id": writer.next(short)}
+
+
+def span_record(project: str, run_id: str, writer: Writer, *, kind: str, time_ns: int, step: int, rollout_id: str,
+                trace_id: bytes, span_id: bytes, parent: bytes | None, **typed: Any) -> dict[str, Any]:
+    """A Span with every field of span.avsc set (defaults where the kind has none)."""
+    outcome = typed.get("outcome")
+    failed = outcome not in (None, "ok")
+    record = _base(project, run_id, time_ns, writer, "spans")
+    record.update({
+        "trace_id": trace_id, "span_id": span_id, "parent_span_id": parent,
+        "name": "rollout" if kind == "ROLLOUT" else f"grader {typed.get('term')}", "kind": kind,
+        "start_time_ns": time_ns - 500_000_000, "end_time_ns": time_ns, "status": "ERROR" if failed else "OK",
+        "status_message": outcome if failed else "", "rollout_id": rollout_id, "attempt_id": "", "step": step,
+        "attributes": {}, "term": None, "outcome": None, "score": None, "judge_input_tokens": None,
+        "judge_output_tokens": None, "reward": None, "term_shares": {}, "completion_tokens": None,
+        "max_tokens": None, "clipped": None, "sample_id": None,
+    })
+    record.update(typed)
+    return record
+
+
+def step_record(project: str, run_id: str, writer: Writer, *, type_: str, time_ns: int, step: int,
+                step_count: int) -> dict[str, Any]:
+    record = _base(project, run_id, time_ns, writer, "steps")
+    record.update({"type": type_, "trainer": "rl", "step": step, "step_count": step_count, "tokens": 0,
+                   "duration_s": 0.0, "throughput": 0.0, "mfu": None, "dropped_events": 0})
+    if type_ == "STEP":
+        record.update(tokens=100_000, duration_s=20.0, throughput=5000.0, mfu=0.4)
+    return record
+
+
+def rollout_spans(project: str, run_id: str, writer: Writer, rng: random.Random, config: WorkloadConfig,
+                  step: int, index: int, time_ns: int) -> list[dict[str, Any]]:
+    """The GRADER spans of one rollout (one per term) followed by its ROLLOUT span, as the SDK orders them."""
+    rollout_id = f"s{step}-r{index}"
+    trace_id, span_id = rng.randbytes(16), rng.randbytes(8)
+    out = []
+    for term in config.terms:
+        outcome = rng.choices(OUTCOMES, config.outcome_weights)[0]
+        out.append(span_record(project, run_id, writer, kind="GRADER", time_ns=time_ns, step=step, rollout_id=rollout_id,
+                               trace_id=trace_id, span_id=rng.randbytes(8), parent=span_id, term=term, outcome=outcome,
+                               score=round(rng.random(), 3) if outcome == "ok" else 0.0,
+                               judge_input_tokens=800, judge_output_tokens=40))
+    clipped = rng.random() < config.clip_rate
+    tokens = config.max_tokens if clipped else rng.randrange(16, config.max_tokens)
+    reward = round(rng.random(), 3)
+    out.append(span_record(project, run_id, writer, kind="ROLLOUT", time_ns=time_ns + 1_000_000, step=step,
+                           rollout_id=rollout_id, trace_id=trace_id, span_id=span_id, parent=None, reward=reward,
+                           term_shares={t: reward / len(config.terms) for t in config.terms},
+                           completion_tokens=tokens, max_tokens=config.max_tokens, clipped=clipped,
+                           sample_id=f"s{step}-p{index // 8}"))
+    return out
+
+
+def messages(config: WorkloadConfig, now_ns: int) -> Iterator[Message]:
+    """The backlog: for each chunk of steps, one span and one step container per run, runs interleaved.
+
+    Each run has its own writer; a run's events are in time and sequence order within each topic.
+    """
+    rng = random.Random(config.seed)
+    runs = [f"r{i:05d}" for i in range(config.runs)]
+    writers = {run: Writer(rng) for run in runs}
+    step_ns = int(config.span_s / config.steps * NS)
+    starts = {run: now_ns - int((config.end_ago_s + config.span_s) * NS) - (i % 100) * 100_000_000
+              for i, run in enumerate(runs)}  # staggered by up to 10 s earlier, so the runs' windows differ
+    chunks = math.ceil(config.steps / config.steps_per_container)
+    for chunk in range(chunks):
+        first = chunk * config.steps_per_container
+        chunk_steps = range(first, min(first + config.steps_per_container, config.steps))
+        for run in runs:
+            writer, start, key = writers[run], starts[run], run_key(config.project, run)
+            spans: list[dict[str, Any]] = []
+            steps: list[dict[str, Any]] = []
+            if chunk == 0:
+                steps.append(step_record(config.project, run, writer, type_="RUN_START", time_ns=start, step=-1, step_count=0))
+            for step in chunk_steps:
+                step_start = start + step * step_ns
+                for i in range(config.rollouts):
+                    t = step_start + (i + 1) * step_ns // (config.rollouts + 2)
+                    spans.extend(rollout_spans(config.project, run, writer, rng, config, step, i, t))
+                steps.append(step_record(config.project, run, writer, type_="STEP", time_ns=step_start + step_ns - 1,
+                                         step=step, step_count=step + 1))
+            if chunk == chunks - 1:
+                steps.append(step_record(config.project, run, writer, type_="RUN_END", time_ns=start + config.steps * step_ns,
+                                         step=-1, step_count=config.steps))
+            yield Message("spans", key, "Span", spans)
+            yield Message("steps", key, "Step", steps)
+
+
+class LiveRuns:
+    """Live load for the latency phase: runs publishing spans stamped with the current time.
+
+    Each call to :meth:`spans` gives the next run (round robin) a container of ``per_message``
+    records whose ``time_ns`` is ``now_ns``, so event-to-row latency is measured from it.
+    """
+
+    def __init__(self, config: WorkloadConfig, runs: int, per_message: int):
+        self.config = config
+        self.rng = random.Random(config.seed + 1)
+        self.runs = [f"live{i:04d}" for i in range(runs)]
+        self.writers = {run: Writer(self.rng) for run in self.runs}
+        self.step = {run: 0 for run in self.runs}
+        self.index = {run: 0 for run in self.runs}
+        self.per_message = per_message
+        self._next = 0
+
+    def _step_message(self, run: str, type_: str, now_ns: int, step: int = -1) -> Message:
+        record = step_record(self.config.project, run, self.writers[run], type_=type_, time_ns=now_ns, step=step,
+                             step_count=self.step[run])
+        return Message("steps", run_key(self.config.project, run), "Step", [record])
+
+    def starts(self, now_ns: int) -> list[Message]:
+        return [self._step_message(run, "RUN_START", now_ns) for run in self.runs]
+
+    def ends(self, now_ns: int) -> list[Message]:
+        return [self._step_message(run, "RUN_END", now_ns) for run in self.runs]
+
+    def spans(self, now_ns: int) -> list[Message]:
+        """The next run's span container; with a STEP message when that run completes a step."""
+        run = self.runs[self._next]
+        self._next = (self._next + 1) % len(self.runs)
+        writer, out = self.writers[run], []
+        records: list[dict[str, Any]] = []
+        while len(records) < self.per_message:
+            records.extend(rollout_spans(self.config.project, run, writer, self.rng, self.config, self.step[run],
+                                         self.index[run], now_ns))
+            self.index[run] += 1
+            if self.index[run] == self.config.rollouts:
+                self.index[run] = 0
+                self.step[run] += 1
+                out.append(self._step_message(run, "STEP", now_ns, self.step[run] - 1))
+        return [Message("spans", run_key(self.config.project, run), "Span", records), *out]
