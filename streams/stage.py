@@ -68,7 +68,11 @@ class RunStage:
 
 
 class HardwareStage:
-    """XID and hardware-slowdown alerts per GPU; state keyed by ``hw_id``."""
+    """XID and hardware-slowdown alerts per GPU; state keyed by ``hw_id``.
+
+    A GPU has one poller, whose samples are in time order: a sample no newer than the last one
+    applied is a replay and is skipped (the poller's time is its mark, as sequence ids are a run's).
+    """
 
     def __init__(self, thresholds: AlertThresholds, table: MutableMapping[str, Any]):
         self.thresholds = thresholds
@@ -81,8 +85,11 @@ class HardwareStage:
             if "throttle_reasons" not in sample:  # placements carry no figures
                 continue
             hw_id = sample["hw_id"]
-            state = states.get(hw_id) or dict(self.table.get(hw_id) or {"gpu": {}, "alerts": {}})
-            state = states[hw_id] = {"partition": partition, "gpu": dict(state["gpu"]), "alerts": dict(state["alerts"])}
+            state = states.get(hw_id) or dict(self.table.get(hw_id) or {"gpu": {}, "alerts": {}, "mark": -1})
+            if sample["time_ns"] <= state.get("mark", -1):
+                continue
+            state = states[hw_id] = {"partition": partition, "gpu": dict(state["gpu"]), "alerts": dict(state["alerts"]),
+                                     "mark": sample["time_ns"]}
             alerts = hardware(AlertBook(state["alerts"]), state["gpu"], sample, self.thresholds, now_ns)
             out += [Output("alerts", a["key"], "Alert", a) for a in alerts]
         for hw_id, state in states.items():
@@ -95,7 +102,7 @@ class HardwareStage:
         for hw_id, value in list(self.table.items()):
             if not value or value["partition"] != partition:
                 continue
-            state = {"partition": partition, "gpu": dict(value["gpu"]), "alerts": dict(value["alerts"])}
+            state = {**value, "gpu": dict(value["gpu"]), "alerts": dict(value["alerts"])}
             alerts = hardware_tick(AlertBook(state["alerts"]), state["gpu"], self.thresholds, now_ns)
             if alerts:
                 self.table[hw_id] = state

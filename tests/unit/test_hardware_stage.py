@@ -10,8 +10,8 @@ from streams.stage import HardwareStage
 S = 1_000_000_000
 
 
-def sample(xids: int, throttle: int, xid_last: int | None = None) -> dict:
-    return dict(project="p", run_id="r", attempt=1, time_ns=0, hw_id="GPU-1", index=0, host="h", power_w=300.0,
+def sample(xids: int, throttle: int, xid_last: int | None = None, t: int = 0) -> dict:
+    return dict(project="p", run_id="r", attempt=1, time_ns=t, hw_id="GPU-1", index=0, host="h", power_w=300.0,
                 temperature_c=60.0, gpu_utilization=0.9, memory_used_bytes=1, memory_total_bytes=2, memory_utilization=0.5,
                 memory_activity=0.4, sm_clock_mhz=1500.0, throttle_reasons=throttle, xid_errors=xids, xid_last=xid_last)
 
@@ -24,13 +24,13 @@ def test_xid_and_slowdown_fire_once_across_a_replay_and_a_restart():
     thresholds = AlertThresholds(xid_quiet_after=60.0)
     table: dict = {}
     stage = HardwareStage(thresholds, table)
-    message = [sample(0, 0x1), sample(1, 0x9, xid_last=79)]
+    message = [sample(0, 0x1, t=1), sample(1, 0x9, xid_last=79, t=2)]
     out = stage.on_message(0, message, 0)
     assert alerts(out) == [("xid", "GPU-1", "FIRING"), ("hw_slowdown", "GPU-1", "FIRING")]
     assert stage.on_message(0, message, S) == []  # redelivered: nothing new
     restarted = HardwareStage(thresholds, json.loads(json.dumps(table)))  # recovered from the changelog
     assert restarted.on_message(0, message, 2 * S) == []
-    assert alerts(restarted.on_message(0, [sample(1, 0x0, xid_last=79)], 3 * S)) == [("hw_slowdown", "GPU-1", "RESOLVED")]
+    assert alerts(restarted.on_message(0, [sample(1, 0x0, xid_last=79, t=3)], 3 * S)) == [("hw_slowdown", "GPU-1", "RESOLVED")]
     assert restarted.on_tick(1, 70 * S) == []  # another partition's tick leaves this GPU alone
     assert alerts(restarted.on_tick(0, 70 * S)) == [("xid", "GPU-1", "RESOLVED")]
     assert restarted.on_tick(0, 80 * S) == []
