@@ -98,11 +98,12 @@ def open_store(dsn: str, owner: str = "rlpulse", database: str | None = None) ->
     raise ValueError(f"RLPULSE_CLICKHOUSE_URL: unsupported scheme {parts.scheme!r}; use chdb:///path or http://user:pass@host:8123/db")
 
 
-def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365) -> list[str]:
+def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365, until: str | None = None) -> list[str]:
     """Apply the numbered migrations not yet recorded; safe to run twice. Returns those applied now.
 
     The TTLs (raw events, aggregates) apply to the tables a migration creates; change them on
-    existing tables with ``ALTER TABLE … MODIFY TTL``.
+    existing tables with ``ALTER TABLE … MODIFY TTL``. ``until`` (a migration's name) stops
+    after that one: a test can build an old store and migrate it forward.
     """
     db = store.database
     if not _NAME.match(db):
@@ -116,6 +117,8 @@ def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365)
     done = {row[0] for row in client.query(f"SELECT version FROM {db}.schema_migrations").result_rows}
     applied = []
     for path in sorted(MIGRATIONS.glob("*.sql")):
+        if until is not None and path.stem > until:
+            break
         if path.stem in done:
             continue
         sql = path.read_text().replace("{db}", db).replace("{ttl_raw_days}", str(int(ttl_raw_days)))
@@ -124,6 +127,18 @@ def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365)
         client.insert(f"{db}.schema_migrations", [[path.stem]], column_names=["version"])
         applied.append(path.stem)
     return applied
+
+
+def table_columns(store: Store) -> dict[str, dict[str, str]]:
+    """Each table of the database: the columns an INSERT may name, with their types, in order."""
+    rows = store.client.query(
+        "SELECT table, name, type FROM system.columns WHERE database = {db:String} "
+        "AND default_kind NOT IN ('MATERIALIZED', 'ALIAS') ORDER BY table, position",
+        parameters={"db": store.database}).result_rows
+    out: dict[str, dict[str, str]] = {}
+    for table, name, type_ in rows:
+        out.setdefault(table, {})[name] = type_
+    return out
 
 
 def _statements(sql: str) -> list[str]:

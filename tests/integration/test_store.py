@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,35 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_migrations_apply_once_and_record_themselves(tmp_path: Path) -> None:
     with open_store(f"chdb://{tmp_path / 'ch'}", owner="test") as store:
-        assert migrate(store) == ["001_init", "002_step_figures", "003_grader_windows"]
+        assert migrate(store) == ["001_init", "002_step_figures", "003_grader_windows", "004_writer_ids_and_grader_failures"]
         assert migrate(store) == []
         tables = {r[0] for r in store.client.query("SHOW TABLES FROM rlpulse").result_rows}
     assert {"spans", "steps", "gpu_samples", "placements", "grader_failures", "alerts", "step_stats",
             "reward_histograms", "completion_length_histograms", "schema_migrations"} <= tables
+
+
+def test_004_adds_writer_ids_and_folds_grader_failures_per_source_partition_into_one_row(tmp_path: Path) -> None:
+    """Rows the streams wrote per source partition before 004 become one row per window, summed."""
+    with open_store(f"chdb://{tmp_path / 'ch'}", owner="test") as store:
+        migrate(store, until="003_grader_windows")
+        db, now = store.database, time.time_ns()
+        cols = ["project", "run_id", "attempt", "term", "cause", "window_start_ns", "window_end_ns", "failures", "graded",
+                "source_partition", "emitted_at_ns"]
+        store.client.insert(f"{db}.grader_failures", [
+            ["p", "r", 1, "judge", "timeout", now, now + 60, 2, 10, 0, now],
+            ["p", "r", 1, "judge", "timeout", now, now + 60, 1, 5, 1, now + 5],
+            ["p", "r", 1, "judge", "timeout", now, now + 60, 9, 9, 1, now - 5],  # superseded by the row above
+            ["p", "r", 1, "judge", "unreadable", now, now + 60, 0, 15, 0, now],
+        ], column_names=cols)
+        assert migrate(store) == ["004_writer_ids_and_grader_failures"]
+        got = store.client.query(f"SELECT cause, failures, graded, failure_rate, emitted_at_ns FROM {db}.grader_failures "
+                                 "ORDER BY cause").result_rows
+        assert got == [("timeout", 3, 15, 0.2, now + 5), ("unreadable", 0, 15, 0.0, now)]
+        columns = {t: {r[0] for r in store.client.query(f"SELECT name FROM system.columns WHERE database = '{db}' "
+                                                          f"AND table = '{t}'").result_rows} for t in ("spans", "steps")}
+        assert "writer_id" in columns["spans"] and {"writer_id", "sequence_id"} <= columns["steps"]
+        key = store.client.command(f"SELECT sorting_key FROM system.tables WHERE database = '{db}' AND name = 'steps'")
+        assert key.endswith("writer_id, sequence_id")
 
 
 def test_a_second_process_is_told_who_holds_the_chdb_store(tmp_path: Path) -> None:
@@ -35,7 +60,7 @@ def test_a_second_process_is_told_who_holds_the_chdb_store(tmp_path: Path) -> No
     # once released, the other process gets it
     run = subprocess.run([sys.executable, "-m", "rlpulse.cli", "migrate"], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "database rlpulse: applied 001_init, 002_step_figures, 003_grader_windows" in run.stdout
+    assert "database rlpulse: applied 001_init, 002_step_figures, 003_grader_windows, 004_writer_ids_and_grader_failures" in run.stdout
 
 
 def test_clickhouse_password_never_appears_in_errors() -> None:
