@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from aiokafka import AIOKafkaProducer
 
 REASON = "rlpulse.reason"
@@ -10,20 +12,29 @@ SOURCE_PARTITION = "rlpulse.source.partition"
 SOURCE_OFFSET = "rlpulse.source.offset"
 
 
-async def send_dead_letter(producer: AIOKafkaProducer, dlq_topic: str, msg: object, reason: str) -> None:
-    """Publish ``msg`` (an aiokafka ConsumerRecord) to ``dlq_topic`` and wait until the broker has it."""
-    headers = [
+def _headers(msg: object, reason: str) -> list[tuple[str, bytes]]:
+    return [
         (REASON, reason.encode()),
         (SOURCE_TOPIC, msg.topic.encode()),  # type: ignore[attr-defined]
         (SOURCE_PARTITION, str(msg.partition).encode()),  # type: ignore[attr-defined]
         (SOURCE_OFFSET, str(msg.offset).encode()),  # type: ignore[attr-defined]
     ]
-    await producer.send_and_wait(dlq_topic, value=msg.value, key=msg.key, headers=headers)  # type: ignore[attr-defined]
+
+
+async def send_dead_letter(producer: AIOKafkaProducer, dlq_topic: str, msg: object, reason: str) -> None:
+    """Publish ``msg`` (an aiokafka ConsumerRecord) to ``dlq_topic`` and wait until the broker has it."""
+    await producer.send_and_wait(dlq_topic, value=msg.value, key=msg.key, headers=_headers(msg, reason))  # type: ignore[attr-defined]
+
+
+async def queue_dead_letter(producer: AIOKafkaProducer, dlq_topic: str, msg: object, reason: str) -> asyncio.Future:
+    """Like :func:`send_dead_letter` without waiting: returns the delivery future, which the
+    sink awaits before it commits the message's offset (no commit past a lost dead letter)."""
+    return await producer.send(dlq_topic, value=msg.value, key=msg.key, headers=_headers(msg, reason))  # type: ignore[attr-defined]
 
 
 async def read_dead_letters(kafka_kwargs: dict, dlq_topic: str, limit: int = 100) -> list[dict]:
     """The last ``limit`` dead letters: source, reason and the size of the original bytes."""
-    from schemas.registry import read_topic
+    from schemas.topics import read_topic
 
     letters = []
     for msg in await read_topic(kafka_kwargs, dlq_topic, last=limit):

@@ -1,61 +1,46 @@
-"""The Kafka -> ClickHouse sink: gather rows per table, insert in blocks, then commit offsets.
+"""The Kafka -> ClickHouse sink: check each message's framing, buffer it, and at each checkpoint
+have ClickHouse decode the buffered containers in one insert per table.
 
-A checkpoint (as in quixstreams) flushes every table's buffer and only then commits the
-consumer's offsets, so a crash between the two replays the range; the insert's
-deduplication token and the ReplacingMergeTree key make that replay leave the same rows.
+Per message, on the hot path, only the container framing is read in Python (magic, header,
+block sizes and sync markers: ``schemas.codec.read_header`` and ``blocks``), and its record
+type is checked against the topic and its writer schema against the reader schema. Anything
+that fails goes to the dead-letter topic with the reason, and the sink goes on. No record is
+decoded here: ClickHouse decodes every table (see ``sinks.avro_sql``).
+
+Two parts, as in quixstreams: a :class:`~sinks.checkpoint.Checkpoint` decides when to commit
+and commits offsets only after every table's insert is in; a :class:`~sinks.writer.TableWriter`
+writes one table's batch with its retry policy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from clickhouse_connect.driver.exceptions import DataError, OperationalError
 
-from rlpulse.settings import DLQ_TOPIC, SCHEMAS_TOPIC, Settings
-from schemas.codec import Codec, DecodeError
-from schemas.registry import SchemaResolver, topic_partitions
-from sinks.clickhouse import Store
-from sinks.dlq import send_dead_letter
-from sinks.rows import TABLES, TOPIC_RECORDS
+from rlpulse.settings import Settings
+from schemas.catalogue import BY_SHORT, DLQ_TOPIC, SINK_TOPICS, TABLES
+from schemas.codec import DecodeError, blocks, read_header
+from schemas.topics import topic_partitions
+from sinks.avro_sql import IncompatibleSchema, Plans
+from sinks.checkpoint import Checkpoint, Policy
+from sinks.clickhouse import Store, table_columns
+from sinks.dlq import queue_dead_letter, send_dead_letter
+from sinks.writer import Entry, Inserter, TableWriter
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class _Buffer:
-    rows: list[list[Any]] = field(default_factory=list)
-    messages: list[Any] = field(default_factory=list)  # the Kafka message of each row, for dead letters
-    # (topic, partition) -> [first offset, last offset] of the messages in ``rows``
-    ranges: dict[tuple[str, int], list[int]] = field(default_factory=dict)
-
-    def add(self, row: list[Any], topic: str, partition: int, offset: int, message: Any = None) -> None:
-        self.rows.append(row)
-        self.messages.append(message)
-        span = self.ranges.setdefault((topic, partition), [offset, offset])
-        span[1] = offset
-
-    def token(self, table: str) -> str:
-        return table + ";" + ";".join(f"{t}:{p}:{a}-{b}" for (t, p), (a, b) in sorted(self.ranges.items()))
-
-    def split(self) -> tuple["_Buffer", "_Buffer"]:
-        halves = (_Buffer(), _Buffer())
-        middle = len(self.rows) // 2
-        for i, (row, msg) in enumerate(zip(self.rows, self.messages)):
-            halves[i >= middle].add(row, msg.topic, msg.partition, msg.offset, msg)
-        return halves
+# Container codecs ClickHouse's Avro input reads.
+CODECS = ("null", "deflate", "snappy")
 
 
 @dataclass
 class SinkStats:
-    rows: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    rows: dict[str, int] = field(default_factory=dict)
     dead_letters: int = 0
     checkpoints: int = 0
 
@@ -63,129 +48,114 @@ class SinkStats:
 class ClickHouseSink:
     """Consumes the raw and derived topics into the tables of ``store``."""
 
-    def __init__(self, settings: Settings, store: Store, batch_rows: int = 5000, flush_interval: float = 1.0):
+    def __init__(self, settings: Settings, store: Store, policy: Policy | None = None):
         self.settings = settings
         self.store = store
-        self.batch_rows = batch_rows
-        self.flush_interval = flush_interval
+        self.policy = policy or Policy()
         self.stats = SinkStats()
-        self._topics = {settings.topic(short): short for short in TOPIC_RECORDS}
-        self._buffers: dict[str, _Buffer] = defaultdict(_Buffer)
-        self._buffered = 0
+        self._topics = {settings.topic(short): short for short in SINK_TOPICS}
+        self._dlq = settings.topic(DLQ_TOPIC)
+        self._plans = Plans(table_columns(store))
+        self._inserter = Inserter(store)
+        self._writers: dict[str, TableWriter] = {}
+        self._checkpoint = Checkpoint(self.policy)
+        self._lock = asyncio.Lock()  # the poll loop and the rebalance listener both checkpoint
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
-        # Fault injection for the crash tests: SIGKILL this process after N inserts, before the commit.
-        self._kill_after = int(os.environ.get("RLPULSE_FAULT_KILL_AFTER_INSERTS", "0"))
-        self._inserts = 0
+        self.assigned = asyncio.Event()  # set once partitions are assigned (the bench times from here)
+        self.committed: dict[TopicPartition, int] = {}  # what this sink has committed to its group
 
+    # -- intake -------------------------------------------------------------------------------
+    def check(self, msg: Any) -> tuple[str, Entry]:
+        """The table and entry of a consumed message; DecodeError says why it cannot be inserted."""
+        if not msg.value:
+            raise DecodeError("empty message (no value)")
+        header = read_header(msg.value)
+        allowed = BY_SHORT[self._topics[msg.topic]].records
+        if header.name not in allowed:
+            raise DecodeError(f"record type {header.name} does not belong on topic {msg.topic} (it carries {', '.join(allowed)})")
+        if header.codec not in CODECS:
+            raise DecodeError(f"Avro container codec {header.codec!r} is not one of {', '.join(CODECS)}")
+        records = sum(count for count, _ in blocks(msg.value, header))  # walks every sync marker
+        table = TABLES[header.name]
+        try:
+            self._plans.plan(table, header.name, header.schema_json)
+        except IncompatibleSchema as exc:
+            raise DecodeError(f"{header.name} writer schema does not resolve into the reader schema: {exc}") from None
+        return table, Entry(msg, header, records)
+
+    async def _take(self, msg: Any) -> None:
+        try:
+            table, entry = self.check(msg)
+        except DecodeError as exc:
+            log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
+            delivery = await queue_dead_letter(self._producer, self._dlq, msg, str(exc))  # type: ignore[arg-type]
+            self._checkpoint.skip(msg, delivery)
+            self.stats.dead_letters += 1
+            return
+        self._checkpoint.add(table, entry)
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def _writer(self, table: str) -> TableWriter:
+        writer = self._writers.get(table)
+        if writer is None:
+            writer = self._writers[table] = TableWriter(table, self._inserter, self._plans, self._reject)
+        return writer
+
+    async def _reject(self, msg: Any, reason: str) -> None:
+        await send_dead_letter(self._producer, self._dlq, msg, reason)  # type: ignore[arg-type]
+        self.stats.dead_letters += 1
+
+    async def _write(self, table: str, entries: list[Entry]) -> None:
+        writer = self._writer(table)
+        before = writer.rows
+        await writer.write(entries)
+        self.stats.rows[table] = self.stats.rows.get(table, 0) + writer.rows - before
+
+    async def checkpoint(self) -> None:
+        """Insert everything buffered, then commit the offsets of everything consumed so far."""
+        async with self._lock:
+            current, self._checkpoint = self._checkpoint, Checkpoint(self.policy)
+            if current.empty or self._consumer is None:
+                return
+            self.committed.update(await current.commit(self._write, self._consumer))
+            self.stats.checkpoints += 1
+
+    # -- the loop -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         kafka = self.settings.kafka_client_kwargs()
         self._producer = AIOKafkaProducer(acks="all", **kafka)
-        resolver = SchemaResolver(Codec(), self.settings.topic(SCHEMAS_TOPIC), kafka)
         consumer = AIOKafkaConsumer(
             group_id=self.settings.sink_group, enable_auto_commit=False, auto_offset_reset="earliest",
-            max_poll_records=self.batch_rows, metadata_max_age_ms=30_000, **kafka,
+            metadata_max_age_ms=30_000,
+            # Messages are containers of hundreds of records: fetch several per partition per
+            # round trip, or the fetch size, not ClickHouse, limits a backlog's drain rate.
+            max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024, **kafka,
         )
-        producer = self._producer
         await consumer.start()
-        await producer.start()
+        await self._producer.start()
         self._consumer = consumer
-        # Subscribing before the topics' metadata has reached this client (a topic created moments
-        # ago) joins the group with no partitions, and aiokafka would only look again minutes later.
-        for topic in self._topics:
-            await topic_partitions(consumer, topic)
-        consumer.subscribe(list(self._topics), listener=_CheckpointOnRevoke(self))
-        log.info("sink consuming %s into %s (database %s)", ", ".join(sorted(self._topics)), self.store.url, self.store.database)
-        last_checkpoint = time.monotonic()
         try:
+            # Subscribing before the topics' metadata has reached this client (a topic created moments
+            # ago) joins the group with no partitions, and aiokafka would only look again minutes later.
+            for topic in self._topics:
+                await topic_partitions(consumer, topic)
+            consumer.subscribe(list(self._topics), listener=_CheckpointOnRevoke(self))
+            log.info("sink consuming %s into %s (database %s)", ", ".join(sorted(self._topics)), self.store.url,
+                     self.store.database)
             while not stop.is_set():
-                batches = await consumer.getmany(timeout_ms=200, max_records=self.batch_rows)
-                for tp, messages in batches.items():
+                timeout = self._checkpoint.remaining() if not self._checkpoint.empty else 0.5
+                batches = await consumer.getmany(timeout_ms=max(int(timeout * 1000), 10))
+                for messages in batches.values():
                     for msg in messages:
-                        await self._take(msg, resolver, producer)
-                due = time.monotonic() - last_checkpoint >= self.flush_interval
-                if self._buffered >= self.batch_rows or (due and batches) or (due and self._buffered):
+                        await self._take(msg)
+                if self._checkpoint.due():
                     await self.checkpoint()
-                    last_checkpoint = time.monotonic()
             await self.checkpoint()
         finally:
-            await producer.stop()
+            self._inserter.close()
+            await self._producer.stop()
             await consumer.stop()
-
-    async def _take(self, msg: Any, resolver: SchemaResolver, producer: AIOKafkaProducer) -> None:
-        short = self._topics[msg.topic]
-        try:
-            decoded = await resolver.decode(msg.value)
-            if decoded.name not in TOPIC_RECORDS[short]:
-                raise DecodeError(f"record type {decoded.name} does not belong on topic {msg.topic}")
-            spec = TABLES[decoded.name]
-            row = spec.row(decoded.record)
-        except DecodeError as exc:
-            await send_dead_letter(producer, self.settings.topic(DLQ_TOPIC), msg, str(exc))
-            self.stats.dead_letters += 1
-            log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
-            return
-        self._buffers[spec.table].add(row, msg.topic, msg.partition, msg.offset, msg)
-        self._buffered += 1
-
-    async def checkpoint(self) -> None:
-        """Insert every buffered row, then commit the offsets of everything consumed so far."""
-        for table, buf in list(self._buffers.items()):
-            if buf.rows:
-                await self._insert(table, buf)
-                self.stats.rows[table] += len(buf.rows)
-        self._buffers.clear()
-        self._buffered = 0
-        if self._consumer is not None and self._consumer.assignment():
-            await self._consumer.commit()
-        self.stats.checkpoints += 1
-
-    async def _insert(self, table: str, buf: _Buffer) -> None:
-        """Insert ``buf``; retry while ClickHouse is unreachable; dead-letter the rows it rejects.
-
-        Unreachable (an OperationalError) is retried with backoff for as long as it lasts, so
-        nothing is dropped and the sink does not spin. Any other error is retried twice (a busy
-        server), then the batch is split in halves until the rows ClickHouse rejects stand
-        alone; those go to the dead-letter topic with the reason, and the rest are inserted.
-        """
-        spec = next(s for s in TABLES.values() if s.table == table)
-        backoff, failures = 0.2, 0
-        while True:
-            try:
-                columns = [list(column) for column in zip(*buf.rows)]  # column-oriented: no transpose in the driver
-                await asyncio.to_thread(
-                    self.store.client.insert, f"{self.store.database}.{table}", columns, column_names=list(spec.columns),
-                    column_oriented=True, settings={"insert_deduplication_token": buf.token(table)},
-                )
-                self._inserts += 1
-                if self._kill_after and self._inserts >= self._kill_after:
-                    log.warning("fault injection: SIGKILL after %d inserts, before the offset commit", self._inserts)
-                    os.kill(os.getpid(), signal.SIGKILL)
-                return
-            except OperationalError as exc:  # ClickHouse unreachable: keep the rows, back off, retry
-                reason = exc
-            except Exception as exc:
-                failures += 1
-                if failures > 2 or isinstance(exc, (DataError, ValueError, TypeError)):
-                    await self._isolate(table, buf, exc)
-                    return
-                reason = exc
-            log.warning("insert of %d rows into %s failed (%s: %s); retrying in %.1fs",
-                        len(buf.rows), table, type(reason).__name__, str(reason).splitlines()[0][:200], backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 10.0)
-
-    async def _isolate(self, table: str, buf: _Buffer, exc: Exception) -> None:
-        if len(buf.rows) == 1:
-            msg = buf.messages[0]
-            reason = f"ClickHouse rejected the {table} row: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            await send_dead_letter(self._producer, self.settings.topic(DLQ_TOPIC), msg, reason)
-            self.stats.dead_letters += 1
-            self.stats.rows[table] -= 1
-            log.warning("dead letter from %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, reason)
-            return
-        for half in buf.split():
-            await self._insert(table, half)
 
 
 class _CheckpointOnRevoke(ConsumerRebalanceListener):
@@ -195,20 +165,64 @@ class _CheckpointOnRevoke(ConsumerRebalanceListener):
         self._sink = sink
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        if revoked and self._sink._buffered:
+        if revoked:
             await self._sink.checkpoint()
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        pass
+        if assigned:
+            self._sink.assigned.set()
 
 
-async def serve(settings: Settings, store: Store, batch_rows: int = 5000, flush_interval: float = 1.0) -> SinkStats:
-    """Run the sink until SIGTERM or SIGINT, then write and commit what was read."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    sink = ClickHouseSink(settings, store, batch_rows=batch_rows, flush_interval=flush_interval)
+async def serve(settings: Settings, store: Store, batch_rows: int = 100_000, flush_interval: float = 1.0,
+                max_bytes: int = 64 * 1024 * 1024, stop: asyncio.Event | None = None) -> SinkStats:
+    """Run the sink until SIGTERM or SIGINT (or ``stop``), then write and commit what was read.
+
+    A checkpoint is due at ``batch_rows`` records, ``max_bytes`` of messages, or ``flush_interval``
+    seconds after its first message, whichever comes first.
+    """
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    sink = ClickHouseSink(settings, store, Policy(max_rows=batch_rows, max_bytes=max_bytes, interval=flush_interval))
     await sink.run(stop)
-    log.info("sink stopped: rows %s, dead letters %d", dict(sink.stats.rows), sink.stats.dead_letters)
+    log.info("sink stopped: rows %s, dead letters %d", sink.stats.rows, sink.stats.dead_letters)
     return sink.stats
+
+
+async def drain(settings: Settings, store: Store, policy: Policy | None = None, timeout: float = 300.0) -> tuple[SinkStats, float]:
+    """Run a sink until it has committed every sink topic up to the end offsets it found at start.
+
+    Returns the stats and the seconds from its partition assignment to that point (a backlog's
+    drain time). Raises TimeoutError after ``timeout`` seconds.
+    """
+    probe = AIOKafkaConsumer(**settings.kafka_client_kwargs())
+    await probe.start()
+    try:
+        tps = [tp for short in SINK_TOPICS for tp in await topic_partitions(probe, settings.topic(short))]
+        end = {tp: off for tp, off in (await probe.end_offsets(tps)).items() if off > 0}
+    finally:
+        await probe.stop()
+    sink = ClickHouseSink(settings, store, policy)
+    stop = asyncio.Event()
+    task = asyncio.create_task(sink.run(stop))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    started = None
+    try:
+        while started is None or any(sink.committed.get(tp, 0) < off for tp, off in end.items()):
+            if started is None and sink.assigned.is_set():
+                started = loop.time()
+            if task.done():
+                task.result()  # the sink failed: raise its error
+                raise RuntimeError("the sink stopped before it caught up")
+            if loop.time() > deadline:
+                left = {f"{tp.topic}[{tp.partition}]": off - sink.committed.get(tp, 0) for tp, off in end.items()}
+                raise TimeoutError(f"sink did not catch up in {timeout:.0f}s; lag {left}")
+            await asyncio.sleep(0.02)
+        elapsed = loop.time() - started  # type: ignore[operator]
+    finally:
+        stop.set()
+        await task
+    return sink.stats, elapsed
