@@ -6,7 +6,7 @@ export RLPULSE_HOME ?= $(CURDIR)/.rlpulse
 
 .PHONY: demo test bench services-up services-down browser
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py schemas/_blockdecode.pyx
 	python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'

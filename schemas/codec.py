@@ -6,8 +6,11 @@ resolve the writer schema into their own reader schema of the same full name (Av
 resolution): a field added with a default reads both ways, and an enum symbol a reader does
 not know reads as the enum's default.
 
-Parsed writer schemas are cached by the header's schema bytes, and a writer schema equal to
-the reader's is read without resolution (it costs about twice as much per record).
+Parsed writer schemas are cached by the header's schema bytes. A writer schema equal to the
+reader's needs no resolution: its uncompressed blocks are read by the C extension
+``schemas._blockdecode`` (about 1.4 µs per Span record against fastavro's 9.5), which can also
+skip the fields a caller does not want. Anything else (an older or newer writer, a compressed
+block, no extension built) is read by fastavro with full schema resolution.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ from typing import Any, Iterable
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
+
+try:
+    from schemas._blockdecode import BlockDecodeError, compile_schema, decode_block
+except ImportError:  # the optional extension was not built: fastavro reads everything
+    compile_schema = None
 
 SCHEMA_DIR = Path(__file__).parent
 NAMESPACE = "rlpulse.v1"
@@ -193,6 +201,7 @@ class Codec:
     def __init__(self, schema_dir: Path = SCHEMA_DIR):
         self._readers: dict[str, _Schema] = {name: _load(raw) for name, raw in load_schemas(schema_dir).items()}
         self._writers: dict[bytes, tuple[_Schema, bool]] = {}  # header schema bytes -> (parsed, same as reader)
+        self._compiled: dict[tuple[str, frozenset[str] | None], Any] = {}  # (name, fields) -> block decoder tree
         self._lock = threading.Lock()
 
     def reader(self, name: str) -> _Schema:
@@ -236,10 +245,13 @@ class Codec:
                 self._writers[header.schema_json] = cached
         return cached
 
-    def decode(self, data: bytes, expect: tuple[str, ...] | None = None) -> Decoded:
+    def decode(self, data: bytes, expect: tuple[str, ...] | None = None,
+               fields: frozenset[str] | None = None) -> Decoded:
         """Decode a container into the local reader schema of the writer's record name.
 
-        ``expect`` (full names) limits the record types accepted. Raises DecodeError saying why.
+        ``expect`` (full names) limits the record types accepted. ``fields`` is a hint: records
+        may hold only those fields (when the fast path reads them) or all of them. Raises
+        DecodeError saying why.
         """
         header = read_header(data)
         writer, same = self._writer(header)
@@ -248,6 +260,17 @@ class Codec:
         reader = self._readers.get(writer.name)
         if reader is None:
             raise DecodeError(f"unknown record type {writer.name}")
+        if same and compile_schema is not None and header.codec == "null":
+            node = self._compiled.get((writer.name, fields))
+            if node is None:
+                node = self._compiled[(writer.name, fields)] = compile_schema(reader.parsed, fields)
+            records: list[dict[str, Any]] = []
+            try:
+                for count, body in blocks(data, header):
+                    records += decode_block(node, body, count)
+            except (BlockDecodeError, UnicodeDecodeError) as exc:
+                raise DecodeError(f"corrupt {short_name(writer.name)} container: {exc}") from None
+            return Decoded(name=writer.name, records=records)
         try:
             it = fastavro.reader(io.BytesIO(data), reader_schema=None if same else reader.parsed)
             records = list(it)

@@ -25,7 +25,7 @@ import faust
 from rlpulse.settings import Settings
 from schemas.catalogue import BY_SHORT, DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
 from schemas.codec import Codec, DecodeError
-from streams.runs import Output, RunConfig, RunProcessor
+from streams.runs import SPAN_FIELDS, Output, RunConfig, RunProcessor
 from streams.stage import HardwareStage, RunStage
 
 log = logging.getLogger(__name__)
@@ -88,13 +88,14 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
     def decode(event: faust.EventT, short: str) -> list[dict[str, Any]]:
         msg = event.message
         try:
-            return codec.decode(event.value, expect=BY_SHORT[short].records).records
+            return codec.decode(event.value, expect=BY_SHORT[short].records, fields=wanted.get(short)).records
         except DecodeError as exc:
             # The sink dead-letters every undecodable raw message with the reason; here it is counted in the log.
             log.warning("skipping undecodable message %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
             return []
 
     prefix_len = len(settings.topic_prefix) + 1
+    wanted = {"spans": SPAN_FIELDS}
 
     @app.agent(topic(*RUN_TOPICS), concurrency=1)
     async def run_agent(stream: faust.StreamT) -> None:

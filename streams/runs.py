@@ -35,6 +35,12 @@ from streams.stall import StallDetector
 log = logging.getLogger(__name__)
 
 
+# The span fields the processor reads: the decoder may skip the rest (ids, names, attributes).
+SPAN_FIELDS = frozenset({"project", "run_id", "attempt", "time_ns", "kind", "term", "outcome", "step", "start_time_ns",
+                         "end_time_ns", "reward", "clipped", "completion_tokens", "term_shares", "sample_id",
+                         "sequence_id", "writer_id"})
+
+
 class Output(NamedTuple):
     topic: str  # short name of a derived topic
     key: str
