@@ -1,7 +1,7 @@
 """The asyncio face of :class:`~producers.telemetry.TrainingTelemetry`, for agent frameworks.
 
 It shares the sync object's sender: the recording calls are coroutines that never await the
-network (they validate, encode and enqueue, as the sync calls do); ``flush`` and ``close``
+network (they validate and enqueue, as the sync calls do); ``flush`` and ``close``
 wait for delivery in a worker thread, so the event loop keeps running meanwhile.
 """
 
@@ -37,6 +37,17 @@ class AsyncTrainingTelemetry:
 
     async def step_completed(self, **kwargs: Any) -> None:
         self.sync.step_completed(**kwargs)
+
+    async def heartbeat(self) -> None:
+        self.sync.heartbeat()
+
+    @property
+    def dropped(self) -> int:
+        return self.sync.dropped
+
+    @property
+    def delivered(self) -> int:
+        return self.sync.delivered
 
     async def flush(self, timeout: float = 30.0) -> int:
         return await asyncio.to_thread(self.sync.flush, timeout)

@@ -13,13 +13,15 @@ Use it with the standard API::
 Attributes ``rlpulse.kind`` (ROLLOUT, REWARD, LLM, TOOL, GRADER, ANNOTATION, CUSTOM; default
 CUSTOM), ``rlpulse.rollout_id``, ``rlpulse.attempt_id``, ``rlpulse.step`` and ``rlpulse.reward``
 fill the typed fields. A span without ``rlpulse.rollout_id`` takes the one of its trace (seed
-000's entry span names it for its LLM and TOOL children). ``sequence_id`` is assigned here, in
-the recording process, strictly increasing per (run, attempt), in order of start time within
-each exported batch, so a trajectory's order survives clock skew between machines.
+000's entry span names it for its LLM and TOOL children). Spans go through the same queue as
+the SDK's own (``TrainingTelemetry.publish_span``), which assigns ``sequence_id`` in the
+recording process, strictly increasing per writer on the spans topic, in order of start time
+within each exported batch, so a trajectory's order survives clock skew between machines.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -28,6 +30,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 if TYPE_CHECKING:
     from producers.telemetry import TrainingTelemetry
+
+log = logging.getLogger(__name__)
 
 KINDS = ("ROLLOUT", "REWARD", "LLM", "TOOL", "GRADER", "ANNOTATION", "CUSTOM")
 MAX_TRACES = 10_000  # traces whose rollout id is remembered for late children
@@ -53,7 +57,10 @@ class RlpulseSpanExporter(SpanExporter):
         while len(self._rollouts) > MAX_TRACES:
             self._rollouts.popitem(last=False)
         for span in sorted(spans, key=lambda s: (s.start_time or 0, s.context.span_id)):
-            self._tel._publish_span(self._record(span))  # noqa: SLF001 - the exporter is part of the SDK
+            try:
+                self._tel.publish_span(self._record(span))  # False (buffer full) is counted in tel.dropped
+            except ValueError as exc:  # e.g. an attribute too large for any message: skip this span only
+                log.warning("span %r not exported: %s", span.name, exc)
         return SpanExportResult.SUCCESS
 
     def _record(self, span: ReadableSpan) -> dict[str, Any]:

@@ -1,178 +1,222 @@
-"""Background sender: a buffer bounded in bytes, drained to Kafka by one thread running aiokafka.
+"""Background sender: the bounded queue (``producers.queue``) drained to Kafka by one thread
+running the transport (``producers.transport``) on its own asyncio loop.
 
-The training thread only validates, encodes and enqueues (``offer``); it never waits on the
-network. An event that would take the buffer past its byte budget is dropped and counted. An
-event counts against the budget until the broker has acknowledged it, so while the broker is
-down the budget bounds everything undelivered, and a failed send is retried with backoff until
-the broker is back.
+Callers never wait on the network. The sender sleeps until a batch's worth is queued, a
+linger timeout passes after the first event, or someone flushes; then it takes everything
+queued, encodes it into containers and delivers them. While the broker is down it retries with
+backoff and the queue's byte bound holds what waits.
+
+Publishing a ready-made record (GPU samples, placements)::
+
+    sender = Sender(settings); sender.start()
+    sender.offer(Outgoing(settings.topic("hardware"), hw_id, "GpuSample", record))
+    sender.close()
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
-from aiokafka import AIOKafkaProducer
-
-from rlpulse.settings import SCHEMAS_TOPIC, Settings
+from producers.queue import UNSEQUENCED, Channel, EventQueue
+from producers.transport import BATCH_RECORDS, MAX_MESSAGE_BYTES, Container, KafkaTransport
+from rlpulse.settings import Settings
 from schemas.codec import Codec
-from schemas.registry import publish_schemas
 
 log = logging.getLogger(__name__)
 
-# Schemas this sender may write; published once, before the first message.
-WRITER_SCHEMAS = ("Span", "Step", "GpuSample", "Placement")
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
-DROP_LOG_INTERVAL_S = 10.0
+DEFAULT_LINGER_S = 0.05  # how long a partial batch waits for company before it is sent
+ROUND_BATCHES = 20  # one round takes at most this many batches' worth, so acks free buffer bytes early
+
+
+@dataclass(frozen=True)
+class SenderConfig:
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES  # undelivered events past this are dropped and counted
+    batch_records: int = BATCH_RECORDS  # records per container (one Kafka message), at most
+    max_message_bytes: int = MAX_MESSAGE_BYTES  # the broker's message.max.bytes; containers stay below it
+    linger_s: float = DEFAULT_LINGER_S
+    producer_linger_ms: int = 5
 
 
 @dataclass(frozen=True)
 class Outgoing:
+    """A ready-made record for ``Sender.offer``: topic, message key, record type and the record."""
+
     topic: str
     key: str
     schema: str
-    record: dict[str, Any]
+    record: Mapping[str, Any]
+
+
+def _as_is(seq: int, record: Any) -> Any:
+    return record
 
 
 class Sender:
-    """Thread-safe: ``offer`` from any thread; one background thread sends."""
+    """Thread-safe: publish from any thread; one background thread sends."""
 
-    def __init__(self, settings: Settings, codec: Codec | None = None, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-                 batch: int = 500):
-        self._settings = settings
-        self._codec = codec or Codec()
-        self.buffer_bytes = buffer_bytes
-        self._queue: collections.deque[tuple[str, bytes, bytes]] = collections.deque()
-        self._batch = batch
-        self._lock = threading.Condition()
-        self._pending = 0  # offered and not yet delivered
-        self._pending_bytes = 0
-        self.dropped = 0
-        self.delivered = 0
-        self._last_drop_log = 0.0
+    def __init__(self, settings: Settings, codec: Codec | None = None, buffer_bytes: int | None = None,
+                 config: SenderConfig | None = None):
+        config = config or SenderConfig()
+        if buffer_bytes is not None:
+            config = SenderConfig(buffer_bytes, config.batch_records, config.max_message_bytes, config.linger_s,
+                                  config.producer_linger_ms)
+        self.config = config
+        self.settings = settings
+        self.codec = codec or Codec()
+        self.queue = EventQueue(config.buffer_bytes, config.batch_records)
+        self.transport = KafkaTransport(settings, self.codec, max_message_bytes=config.max_message_bytes,
+                                        batch_records=config.batch_records, linger_ms=config.producer_linger_ms)
+        self._flushing = 0  # flush() calls in progress: the sender does not linger meanwhile
+        self._flush_lock = threading.Lock()
         self._closing = threading.Event()
+        self._abort = threading.Event()  # close() gave up waiting: stop retrying
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._thread_main, name="rlpulse-sender", daemon=True)
         self._started = False
 
+    # -- counters --------------------------------------------------------------------------
+    @property
+    def dropped(self) -> int:
+        """Events dropped: the buffer was full, or (a bug) the record could not be encoded."""
+        return self.queue.dropped
+
+    @property
+    def delivered(self) -> int:
+        """Events the broker has acknowledged."""
+        return self.queue.delivered
+
+    @property
+    def pending(self) -> int:
+        """Events accepted and not yet delivered."""
+        return self.queue.pending
+
+    @property
+    def buffer_bytes(self) -> int:
+        return self.queue.buffer_bytes
+
+    def max_record_bytes(self, schema: str, key: str) -> int:
+        """The largest encoded ``schema`` record under ``key`` that fits in one message."""
+        return self.transport.max_record_bytes(schema, key)
+
+    # -- publishing ------------------------------------------------------------------------
+    def offer(self, item: Outgoing) -> bool:
+        """Queue a ready-made record without blocking; False (counted in ``dropped``) when the buffer is full.
+
+        The record is checked against its schema here, so a bad one raises ValueError at the
+        call, as does one that can never fit in a message. This path is for records that come
+        seldom (hardware: one per GPU every few seconds); the SDK's hot calls use ``put``.
+        """
+        record = dict(item.record)
+        # Encoding it once here names a bad field at the call and gives the exact size.
+        size = len(self.codec.encode(item.schema, [record])) - self.transport.header_bytes(item.schema)
+        limit = self.max_record_bytes(item.schema, item.key)
+        if size > limit:
+            raise ValueError(f"{item.schema} record of {size} bytes can never fit in one Kafka message "
+                             f"(at most {limit} bytes for a record)")
+        size += len(item.key)
+        return self.queue.put(UNSEQUENCED, Channel(item.topic, item.key, item.schema, _as_is), record, size)
+
+    def queued_records(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(topic, key, record) of each event queued and not yet taken by the sender, built as it would send them."""
+        return [(c.topic, c.key, c.build(seq, args)) for c, seq, _, args in self.queue.queued()]
+
+    # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
         if not self._started:
             self._started = True
             self._thread.start()
 
-    def offer(self, item: Outgoing) -> bool:
-        """Encode and enqueue without blocking; False (counted in ``dropped``) when over the byte budget.
-
-        A record that does not fit its schema raises ValueError naming the field.
-        """
-        value = self._codec.encode(item.schema, item.record)
-        key = item.key.encode()
-        size = len(value) + len(key)
-        with self._lock:
-            if self._pending_bytes + size > self.buffer_bytes:
-                self.dropped += 1
-                now = time.monotonic()
-                if now - self._last_drop_log >= DROP_LOG_INTERVAL_S:
-                    self._last_drop_log = now
-                    log.warning("telemetry buffer full (%d bytes undelivered): %d events dropped so far",
-                                self._pending_bytes, self.dropped)
-                return False
-            self._queue.append((item.topic, key, value))
-            self._pending += 1
-            self._pending_bytes += size
-        return True
-
-    @property
-    def pending(self) -> int:
-        """Events offered and not yet delivered."""
-        return self._pending
+    def _wake(self) -> None:
+        loop, event = self._loop, self._wakeup
+        if loop is not None and event is not None:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the loop has closed: the sender is gone
+                pass
 
     def flush(self, timeout: float = 30.0) -> int:
-        """Wait until everything offered so far is delivered; returns how many are still undelivered."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while self._pending > 0 and self._thread.is_alive():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._lock.wait(min(left, 0.1))
-            return self._pending
+        """Wait until everything accepted so far is delivered; returns how many are still undelivered."""
+        if not self._started:
+            return self.pending
+        with self._flush_lock:
+            self._flushing += 1
+        self._wake()
+        try:
+            return self.queue.wait_empty(time.monotonic() + timeout, self._thread.is_alive)
+        finally:
+            with self._flush_lock:
+                self._flushing -= 1
 
     def close(self, timeout: float = 30.0) -> int:
         """Deliver what is buffered (up to ``timeout``), stop the thread; returns the undelivered count."""
         undelivered = self.flush(timeout)
         self._closing.set()
+        if undelivered:
+            self._abort.set()  # what is left stays undelivered: do not retry past the caller's timeout
+        self._wake()
         if self._started:
-            self._thread.join(timeout=5.0)
-        return undelivered
+            self._thread.join(timeout=15.0)  # the producer's own stop may wait out its request timeout
+        return self.pending if self._started else undelivered
 
     # -- background thread -----------------------------------------------------------------
     def _thread_main(self) -> None:
-        asyncio.run(self._run())
-
-    async def _start_producer(self) -> AIOKafkaProducer | None:
-        backoff = 0.1
-        while not self._closing.is_set():
-            producer = AIOKafkaProducer(acks="all", linger_ms=5, request_timeout_ms=10_000,
-                                        **self._settings.kafka_client_kwargs())
-            try:
-                await producer.start()
-                await publish_schemas(producer, self._settings.topic(SCHEMAS_TOPIC), self._codec, WRITER_SCHEMAS)
-                return producer
-            except Exception as exc:
-                await producer.stop()
-                log.warning("Kafka not reachable at %s (%s); retrying in %.1fs", self._settings.kafka_bootstrap,
-                            type(exc).__name__, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-        return None
+        try:
+            asyncio.run(self._run())
+        except Exception:  # never silently: flush() and close() notice the dead thread
+            log.exception("telemetry sender stopped")
+        finally:
+            self.queue.notify()
 
     async def _run(self) -> None:
-        producer = await self._start_producer()
-        if producer is None:
+        self._wakeup = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self.queue.set_waker(self._wake)
+        if not await self.transport.start(self._abort.is_set):
             return
         try:
-            while not (self._closing.is_set() and not self._queue):
-                items = self._take_batch()
-                if not items:
-                    await asyncio.sleep(0.01)
-                    continue
-                await self._send_batch(producer, items)
+            await self._drain()
         finally:
-            await producer.stop()
+            self.queue.set_waker(lambda: None)
+            await self.transport.stop()
 
-    def _take_batch(self) -> list[tuple[str, bytes, bytes]]:
-        items = []
-        with self._lock:
-            while self._queue and len(items) < self._batch:
-                items.append(self._queue.popleft())
-        return items
+    async def _drain(self) -> None:
+        batch = self.config.batch_records
+        while not self._abort.is_set():
+            if not self._closing.is_set() and not self._flushing:
+                # Sleep until an event arrives, then linger until a batch's worth or the timeout.
+                if self.queue.arm(1):
+                    await self._sleep(None)
+                if self.queue.arm(batch) and not self._flushing and not self._closing.is_set():
+                    await self._sleep(self.config.linger_s)
+                self.queue.disarm()
+            items = self.queue.take(batch * ROUND_BATCHES)
+            if not items:
+                if self._closing.is_set():
+                    return
+                continue
+            containers, lost = self.transport.encode(items)
+            if lost:
+                self.queue.done(0, len(lost), sum(lost))
+            await self.transport.deliver(containers, self._delivered, self._abort.is_set)
 
-    async def _send_batch(self, producer: AIOKafkaProducer, items: list[tuple[str, bytes, bytes]]) -> None:
-        backoff = 0.1
-        while items:
-            results = await asyncio.gather(*(_send_one(producer, *item) for item in items), return_exceptions=True)
-            failed = [item for item, result in zip(items, results) if isinstance(result, Exception)]
-            self._done([item for item, result in zip(items, results) if not isinstance(result, Exception)])
-            if failed:
-                error = next(r for r in results if isinstance(r, Exception))
-                log.warning("%d events not delivered (%s); retrying in %.1fs", len(failed), type(error).__name__, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            items = failed
+    async def _sleep(self, timeout: float | None) -> None:
+        assert self._wakeup is not None
+        self._wakeup.clear()
+        if self._closing.is_set() or self._flushing:
+            return
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
 
-    def _done(self, delivered: list[tuple[str, bytes, bytes]]) -> None:
-        with self._lock:
-            self.delivered += len(delivered)
-            self._pending -= len(delivered)
-            self._pending_bytes -= sum(len(k) + len(v) for _, k, v in delivered)
-            self._lock.notify_all()
+    def _delivered(self, containers: list[Container], lost: list[int]) -> None:
+        self.queue.done(sum(len(c.records) for c in containers), len(lost),
+                        sum(c.size for c in containers) + sum(lost))
 
-
-async def _send_one(producer: AIOKafkaProducer, topic: str, key: bytes, value: bytes) -> None:
-    delivery = await producer.send(topic, value=value, key=key)
-    await delivery

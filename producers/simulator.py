@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from producers.events import FAILURE_CAUSES
-from producers.sender import Outgoing
 from producers.telemetry import TrainingTelemetry
 from rlpulse.settings import Settings
 
@@ -140,7 +139,7 @@ def _gpu_sample(tel: TrainingTelemetry, truth: GroundTruth, run_id: str, step: i
     placement = {key: sample[key] for key in ("project", "run_id", "attempt", "time_ns", "role", "rank", "pod", "node",
                                               "host", "index", "hw_id")}
     for schema, record in (("GpuSample", sample), ("Placement", dict(placement, stage=""))):
-        tel._sender.offer(Outgoing(tel.settings.topic("hardware"), hw_id, schema, record))  # noqa: SLF001
+        tel.publish_hardware(schema, hw_id, record)
     truth.gpu_samples += 1
     if first_run and step == 2:
         truth.expected_alerts |= {("xid", hw_id, "FIRING"), ("hw_slowdown", hw_id, "FIRING"),

@@ -17,7 +17,6 @@ import pytest
 from producers import TrainingTelemetry
 from rlpulse import services
 from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
 from schemas.codec import Codec
 from schemas.topics import read_topic
 
@@ -29,10 +28,13 @@ BOOTSTRAP = "127.0.0.1:19292"
 BUFFER_BYTES = 20_000
 
 
-async def sequence_ids(settings: Settings) -> list[int]:
+async def sequence_ids(settings: Settings, writer_id: str) -> list[int]:
+    """Sequence ids of the spans topic, in the order the messages and their containers hold them."""
     codec = Codec()
     messages = await read_topic(settings.kafka_client_kwargs(), settings.topic("spans"))
-    return sorted(codec.decode(m.value).record["sequence_id"] for m in messages)
+    records = [r for m in sorted(messages, key=lambda m: (m.partition, m.offset)) for r in codec.decode(m.value).records]
+    assert {r["writer_id"] for r in records} == {writer_id}
+    return [r["sequence_id"] for r in records]
 
 
 def test_broker_down_calls_stay_fast_drops_are_counted_and_the_buffer_is_delivered(tmp_path: Path) -> None:
@@ -40,7 +42,7 @@ def test_broker_down_calls_stay_fast_drops_are_counted_and_the_buffer_is_deliver
                                    heartbeat_interval=3600.0)
     services.up(settings)
     try:
-        ensure_topics(settings)
+        # No ensure_topics here: the SDK creates its topics before its first send.
         tel = TrainingTelemetry(project="p", run_id="r", settings=settings, buffer_bytes=BUFFER_BYTES)
         tel.start()
         for i in range(50):
@@ -66,8 +68,11 @@ def test_broker_down_calls_stay_fast_drops_are_counted_and_the_buffer_is_deliver
         services.up(settings)
         assert tel.flush(120) == 0  # every buffered event delivered once the broker is back
         assert tel.close(30) == 0
-        ids = asyncio.run(sequence_ids(settings))
+        ids = asyncio.run(sequence_ids(settings, tel.writer_id))
         # exactly the 50 from before, then the first `buffered` of the 2000; the dropped ones are the tail
         assert sorted(set(ids)) == list(range(1, 50 + buffered + 1))
+        # and in order: a resend after the restart may repeat a container, never put one before its predecessor
+        firsts = [i for n, i in enumerate(ids) if n == 0 or i > max(ids[:n])]
+        assert firsts == list(range(1, 50 + buffered + 1))
     finally:
         services.down(settings)

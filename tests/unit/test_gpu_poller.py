@@ -65,7 +65,7 @@ def test_export_means_or_and_latest():
     assert rec["xid_errors"] == 0 and rec["xid_last"] is None
     assert (rec["hw_id"], rec["index"], rec["host"], rec["node"], rec["pod"], rec["time_ns"]) == ("GPU-a", 0, "h1", "n1", "pod-1", 1_000)
     assert rec["run_id"] == "" and rec["rank"] is None and rec["role"] is None  # no placement given
-    Codec().encode("GpuSample", rec)
+    Codec().encode("GpuSample", [rec])
     assert out == [Outgoing("t.hardware", "GPU-a", "GpuSample", rec)]  # no placement -> none published
 
     # Nothing sampled since: no record. Then the accumulators start over.
@@ -89,7 +89,7 @@ def test_placement_and_identity_with_hw_id_keys():
     assert {o.topic for o in out} == {"t.hardware"}
     codec = Codec()
     for o in out:
-        codec.encode(o.schema, o.record)
+        codec.encode(o.schema, [o.record])
     p = placements[0].record
     assert (p["stage"], p["role"], p["rank"], p["pod"], p["node"], p["host"]) == ("rl", "actor", 3, "pod-1", "n1", "h1")
     # Placements go out at every export, with or without new samples.
@@ -111,7 +111,7 @@ def test_nvml_init_failure_degrades_with_one_warning(caplog):
     assert of(out, "GpuSample") == []
     first = of(out, "Placement")[:2]
     assert [(o.key, o.record["hw_id"], o.record["index"]) for o in first] == [("h1/0", None, 0), ("h1/1", None, 1)]
-    Codec().encode("Placement", first[0].record)
+    Codec().encode("Placement", [first[0].record])
 
 
 def test_without_pynvml_and_without_indices_one_placement_keyed_by_host(caplog):
@@ -188,7 +188,7 @@ def test_real_pynvml_module_never_raises(caplog):
         poller.close()
     codec = Codec()
     for o in out:
-        codec.encode(o.schema, o.record)
+        codec.encode(o.schema, [o.record])
     if not opened:
         assert len(warnings(caplog)) == 1 and records == [] and of(out, "Placement")[0].record["hw_id"] is None
     else:
@@ -219,7 +219,7 @@ def test_xids_counted_from_zero_and_published_at_once(caplog):
     assert "XID 79 on GPU GPU-a (index 0)" in caplog.text
     codec = Codec()
     for rec in (b, a1, a2):
-        codec.encode("GpuSample", rec)
+        codec.encode("GpuSample", [rec])
     # The next export carries the counts.
     poller.sample()
     a, b = poller.export()
@@ -318,5 +318,5 @@ def test_throttle_mask_with_the_top_bit_still_encodes():
     poller.open()
     poller.sample()
     [rec] = poller.export()
-    Codec().encode("GpuSample", rec)
+    Codec().encode("GpuSample", [rec])
     assert rec["throttle_reasons"] & 0x8 and rec["throttle_reasons"] < 0

@@ -46,6 +46,30 @@ def tel():
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={"k": [1, 2]}), r"attributes\['k'\] must be a string, bool, int or float"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={f"k{i}": i for i in range(65)}), "attributes has 65 keys; at most 64"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={f"t{i}": 0.1 for i in range(65)}), "term_shares has 65 keys; at most 64"),
+        # the inline fast paths hand anything unusual to the full checks
+        ("rollout", dict(step=True, rollout_id="x", reward=0.5), "step must be a non-negative integer"),
+        ("rollout", dict(step=1.0, rollout_id="x", reward=0.5), "step must be a non-negative integer"),
+        ("rollout", dict(step=1, rollout_id="", reward=0.5), "rollout_id must be a non-empty string"),
+        ("rollout", dict(step=1, rollout_id=7, reward=0.5), "rollout_id must be a non-empty string"),
+        ("rollout", dict(step=1, rollout_id="x", reward="0.5"), "reward must be a finite number"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={"j": math.nan}), r"term_shares\['j'\] must be a finite number"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={3: 0.1}), "term_shares key must be a non-empty string"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares=[("j", 0.1)]), "term_shares must be a mapping"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, completion_tokens=-1), "completion_tokens must be a non-negative integer"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, max_tokens=1.5), "max_tokens must be a non-negative integer"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, clipped=1), "clipped must be True, False or None"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, sample_id=""), "sample_id must be a non-empty string"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, duration_s=None), "duration_s must be a finite number"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, duration_s=-0.5), "duration_s must be >= 0.0"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={"k": math.inf}), r"attributes\['k'\] must be finite"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes=[1]), "attributes must be a mapping"),
+        ("grader", dict(step=1, rollout_id="x", term="judge", outcome=["ok"], duration_s=1.0), "outcome must be one of"),
+        ("grader", dict(step=1, rollout_id="x", term="", outcome="ok", duration_s=1.0), "term must be a non-empty string"),
+        ("grader", dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=math.nan), "duration_s must be a finite number"),
+        ("grader", dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1.0, score=math.nan), "score must be a finite number"),
+        ("grader", dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1.0, input_tokens=-3), "input_tokens must be a non-negative integer"),
+        ("step_completed", dict(step=-1), "step must be a non-negative integer"),
+        ("step_completed", dict(step=1, mfu=math.nan), "mfu must be a finite number"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_the_field(tel, call, kwargs, message):
@@ -73,4 +97,18 @@ def test_async_face_shares_the_sync_sender_and_validates_the_same(tel):
     with pytest.raises(ValueError, match="outcome must be one of"):
         asyncio.run(aio.grader(step=1, rollout_id="x", term="judge", outcome="late", duration_s=1.0))
     asyncio.run(aio.rollout(step=1, rollout_id="x", reward=0.5))
-    assert tel._sender.pending == 1  # queued on the one sender (never started here)
+    assert tel.pending == 1 and aio.sync.sender is tel.sender  # queued on the one sender (never started here)
+
+
+def test_a_rejected_call_queues_nothing(tel):
+    with pytest.raises(ValueError):
+        tel.rollout(step=1, rollout_id="x", reward=math.nan)
+    assert tel.pending == 0
+
+
+def test_ints_where_floats_are_expected_are_accepted_as_floats(tel):
+    tel.rollout(step=1, rollout_id="x", reward=1, term_shares={"judge": 1}, duration_s=2)
+    tel.grader(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1, score=1)
+    [(_, _, rollout), (_, _, grader)] = tel.sender.queued_records()
+    assert type(rollout["reward"]) is float and type(rollout["term_shares"]["judge"]) is float
+    assert type(grader["score"]) is float

@@ -1,0 +1,189 @@
+"""The SDK's queue without a broker: sequence ids, drop accounting, records built by the sender."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from producers import TrainingTelemetry
+from producers.sender import SenderConfig
+from rlpulse.settings import Settings
+from schemas.codec import Codec, record_count
+
+SETTINGS = Settings.load({"RLPULSE_TOPIC_PREFIX": "q"})
+
+
+def make(**kwargs) -> TrainingTelemetry:
+    return TrainingTelemetry(project="p", run_id="r", settings=SETTINGS, **kwargs)  # never started
+
+
+def by_topic(tel: TrainingTelemetry) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for topic, _, record in tel.sender.queued_records():
+        out.setdefault(topic, []).append(record)
+    return out
+
+
+def test_sequence_ids_per_writer_per_topic_under_eight_threads():
+    tel = make()
+    per_thread = 300
+    start = threading.Barrier(8)
+
+    def work(t: int) -> None:
+        start.wait()
+        for i in range(per_thread):
+            tel.rollout(step=i, rollout_id=f"t{t}-{i}", reward=0.5, term_shares={"judge": 0.5})
+            tel.grader(step=i, rollout_id=f"t{t}-{i}", term="judge", outcome="ok", duration_s=0.1, score=1.0)
+            if i % 10 == 0:
+                tel.step_completed(step=i)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    topics = by_topic(tel)
+    spans, steps = topics["q.spans"], topics["q.steps"]
+    # In queue order (the order they reach Kafka) the ids are 1, 2, 3, ... with no gap or repeat,
+    # each topic numbered on its own.
+    assert [r["sequence_id"] for r in spans] == list(range(1, 8 * per_thread * 2 + 1))
+    assert [r["sequence_id"] for r in steps] == list(range(1, 8 * (per_thread // 10) + 1))
+    # step_count was taken in the same step as the sequence id, so it rises with it
+    assert [r["step_count"] for r in steps] == list(range(1, len(steps) + 1))
+    assert {r["writer_id"] for r in spans + steps} == {tel.writer_id}
+    assert {key for _, key, _ in tel.sender.queued_records()} == {"p/r"}
+    assert tel.pending == len(spans) + len(steps) and tel.dropped == 0
+
+
+def test_each_writer_has_its_own_id_and_sequences():
+    a, b = make(), make()
+    assert a.writer_id != b.writer_id and len(a.writer_id) == 16
+    for tel in (a, b):
+        tel.heartbeat()
+        tel.rollout(step=0, rollout_id="x", reward=0.0)
+    for tel in (a, b):
+        assert [(t, r["sequence_id"]) for t, _, r in tel.sender.queued_records()] == [("q.steps", 1), ("q.spans", 1)]
+
+
+def test_full_buffer_drops_counts_and_logs_once(caplog):
+    tel = make(buffer_bytes=5_000)
+    with caplog.at_level(logging.WARNING, logger="producers.queue"):
+        for i in range(500):
+            tel.grader(step=0, rollout_id=f"r{i}", term="judge", outcome="timeout", duration_s=0.1)
+    accepted = tel.pending
+    assert 0 < accepted < 500 and tel.dropped == 500 - accepted
+    assert len([r for r in caplog.records if "buffer full" in r.getMessage()]) == 1  # at most every 10 s
+    # Dropped events take no sequence id: what was accepted is numbered without gaps.
+    assert [r["sequence_id"] for _, _, r in tel.sender.queued_records()] == list(range(1, accepted + 1))
+
+
+def test_delivery_frees_the_budget():
+    tel = make(buffer_bytes=5_000)
+    queue = tel.sender.queue
+    while tel.dropped == 0:
+        tel.heartbeat()
+    items = queue.take(10_000)
+    queue.done(len(items), 0, sum(size for _, _, size, _ in items))
+    assert tel.pending == 0 and tel.delivered == len(items)
+    tel.heartbeat()  # room again
+    assert tel.pending == 1 and tel.dropped == 1
+
+
+@pytest.mark.parametrize("call, kwargs, field", [
+    ("rollout", dict(step=1, rollout_id="x", reward=0.5, sample_id="s" * 2_000_000), "sample_id"),
+    ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={"ok": 1, "blob": "b" * 2_000_000}), r"attributes\['blob'\]"),
+    ("rollout", dict(step=1, rollout_id="é" * 600_000, reward=0.5), "rollout_id"),  # 1.2 MB in UTF-8
+    ("grader", dict(step=1, rollout_id="x" * 2_000_000, term="judge", outcome="ok", duration_s=0.1), "rollout_id"),
+])
+def test_a_record_that_can_never_fit_is_refused_at_the_call(call, kwargs, field):
+    tel = make()
+    with pytest.raises(ValueError, match=rf"{field} is \d+ bytes: a Span record must fit in one Kafka message"):
+        getattr(tel, call)(**kwargs)
+    assert tel.pending == 0  # nothing queued, so nothing can block the events after it
+
+
+def test_a_large_record_that_fits_is_accepted_and_encodes_below_the_limit():
+    tel = make()
+    tel.rollout(step=1, rollout_id="x", reward=0.5, sample_id="é" * 300_000)  # 600 KB: near, not over
+    [(_, _, record)] = tel.sender.queued_records()
+    containers, lost = tel.sender.transport.encode(tel.sender.queue.take(10))
+    assert not lost and len(containers) == 1 and len(containers[0].value) < 1024 * 1024
+    assert Codec().decode(containers[0].value).records[0]["sample_id"] == record["sample_id"]
+
+
+def test_message_limit_is_a_setting():
+    tel = make(sender_config=SenderConfig(max_message_bytes=64 * 1024))
+    with pytest.raises(ValueError, match="sample_id is"):
+        tel.rollout(step=1, rollout_id="x", reward=0.5, sample_id="s" * 70_000)
+
+
+def test_transport_groups_and_splits_by_count_and_bytes():
+    tel = make(sender_config=SenderConfig(max_message_bytes=64 * 1024, batch_records=100))
+    for i in range(450):
+        tel.rollout(step=i, rollout_id=f"r{i}", reward=0.5, attributes={"note": "n" * (500 if i % 7 == 0 else 5)})
+        if i % 50 == 0:
+            tel.heartbeat()
+    containers, lost = tel.sender.transport.encode(tel.sender.queue.take(10_000))
+    assert not lost
+    spans = [c for c in containers if c.topic == "q.spans"]
+    assert all(c.key == b"p/r" and len(c.value) + len(c.key) < 64 * 1024 for c in containers)
+    assert all(record_count(c.value) <= 100 for c in spans) and len(spans) >= 5
+    codec = Codec()
+    ids = [r["sequence_id"] for c in spans for r in codec.decode(c.value).records]
+    assert ids == list(range(1, 451))  # every record, in order, once
+    assert [r["type"] for c in containers if c.topic == "q.steps" for r in codec.decode(c.value).records] == ["HEARTBEAT"] * 9
+
+
+def test_queued_records_are_what_the_sdk_documents():
+    tel = make(stage="rl", clock=lambda: 5_000_000_000)
+    tel.grader(step=3, rollout_id="x", term="judge", outcome="timeout", duration_s=2.0, score=0.9, input_tokens=7)
+    tel.rollout(step=3, rollout_id="x", reward=1, term_shares={"judge": 0, "format": 0.25}, completion_tokens=1024,
+                max_tokens=1024, sample_id="prompt-17", duration_s=1)
+    tel.step_completed(step=3, tokens=1000, duration_s=4.0, mfu=0.4)
+    (t1, k1, grader), (t2, _, rollout), (t3, _, step) = tel.sender.queued_records()
+    assert (t1, t2, t3, k1) == ("q.spans", "q.spans", "q.steps", "p/r")
+    assert (grader["kind"], grader["outcome"], grader["score"], grader["status"], grader["status_message"]) == (
+        "GRADER", "timeout", 0.0, "ERROR", "timeout")  # a failed score counts as zero
+    assert grader["start_time_ns"] == 3_000_000_000 and grader["judge_input_tokens"] == 7
+    assert grader["parent_span_id"] == rollout["span_id"] and grader["trace_id"] == rollout["trace_id"]
+    assert (rollout["reward"], rollout["term_shares"], rollout["clipped"], rollout["sample_id"]) == (
+        1.0, {"judge": 0.0, "format": 0.25}, True, "prompt-17")
+    assert type(rollout["reward"]) is float and all(type(x) is float for x in rollout["term_shares"].values())
+    assert (step["type"], step["step_count"], step["throughput"], step["mfu"], step["stage"]) == ("STEP", 1, 250.0, 0.4, "rl")
+    Codec().encode("Span", [grader, rollout])
+    Codec().encode("Step", [step])
+
+
+def test_the_caller_may_reuse_its_dicts():
+    tel = make()
+    shares, attrs = {"judge": 0.5}, {"a": 1}
+    tel.rollout(step=0, rollout_id="x", reward=0.5, term_shares=shares, attributes=attrs)
+    shares["judge"], attrs["a"] = 0.9, 2
+    [(_, _, record)] = tel.sender.queued_records()
+    assert record["term_shares"] == {"judge": 0.5} and record["attributes"] == {"a": 1}
+
+
+def test_hardware_records_are_checked_at_the_call():
+    tel = make()
+    placement = dict(project="p", run_id="r", attempt=1, time_ns=1, role="trainer", rank=0, hw_id="GPU-a")
+    assert tel.publish_hardware("Placement", "GPU-a", placement)
+    with pytest.raises(ValueError, match="rank"):
+        tel.publish_hardware("Placement", "GPU-a", dict(placement, rank="zero"))
+    [(topic, key, record)] = tel.sender.queued_records()
+    assert (topic, key, record["hw_id"]) == ("q.hardware", "GPU-a", "GPU-a") and "sequence_id" not in record
+
+
+def test_publish_span_takes_this_writers_identity_and_sequence():
+    tel = make()
+    fields = dict(time_ns=2, trace_id=b"t" * 16, span_id=b"s" * 8, name="chat", kind="LLM", start_time_ns=1,
+                  end_time_ns=2, project="other", sequence_id=99, attributes={"k": "v"})
+    assert tel.publish_span(fields)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        tel.publish_span(dict(fields, kind="BOGUS"))
+    with pytest.raises(ValueError, match=r"attributes\['k'\] is"):
+        tel.publish_span(dict(fields, attributes={"k": "v" * 2_000_000}))
+    [(_, _, record)] = tel.sender.queued_records()
+    assert (record["project"], record["sequence_id"], record["writer_id"]) == ("p", 1, tel.writer_id)
+    Codec().encode("Span", [record])
