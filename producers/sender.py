@@ -134,10 +134,14 @@ class Sender:
             self._thread.start()
 
     def _wake(self) -> None:
-        loop, event = self._loop, self._wakeup
-        if loop is not None and event is not None:
+        if self._wakeup is not None:
+            self._call_soon(self._wakeup.set)
+
+    def _call_soon(self, fn: Any) -> None:
+        """Run ``fn`` on the sender's loop, from any thread."""
+        if self._loop is not None:
             try:
-                loop.call_soon_threadsafe(event.set)
+                self._loop.call_soon_threadsafe(fn)
             except RuntimeError:  # the loop has closed: the sender is gone
                 pass
 
@@ -160,6 +164,7 @@ class Sender:
         self._closing.set()
         if undelivered:
             self._abort.set()  # what is left stays undelivered: do not retry past the caller's timeout
+            self._call_soon(self.transport.interrupt)
         self._wake()
         if self._started:
             self._thread.join(timeout=15.0)  # the producer's own stop may wait out its request timeout

@@ -59,6 +59,17 @@ class KafkaTransport:
         self._headers: dict[str, int] = {}
         self.producer: AIOKafkaProducer | None = None
         self._topics_ready = False
+        self._interrupted = asyncio.Event()  # cuts a backoff short when the sender gives up
+
+    def interrupt(self) -> None:
+        """End any backoff wait now (call on the transport's loop)."""
+        self._interrupted.set()
+
+    async def _backoff(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._interrupted.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
 
     # -- sizes -----------------------------------------------------------------------------
     def header_bytes(self, schema: str) -> int:
@@ -153,14 +164,18 @@ class KafkaTransport:
                     await producer.stop()
                 log.warning("Kafka not reachable at %s (%s: %s); retrying in %.1fs", self.settings.kafka_bootstrap,
                             type(exc).__name__, exc, backoff)
-                await asyncio.sleep(backoff)
+                await self._backoff(backoff)
                 backoff = min(backoff * 2, 5.0)
         return False
 
     async def stop(self) -> None:
+        """Stop the producer; after interrupt() only briefly, since its flush may wait for a broker that is down."""
         if self.producer is not None:
             producer, self.producer = self.producer, None
-            await producer.stop()
+            try:
+                await asyncio.wait_for(producer.stop(), 2.0 if self._interrupted.is_set() else None)
+            except asyncio.TimeoutError:
+                log.warning("Kafka producer did not stop within 2s; abandoning what it still held")
 
     async def deliver(self, containers: list[Container], on_done: Callable[[list[Container], list[int]], None],
                       stopping: Callable[[], bool]) -> list[Container]:
@@ -181,7 +196,16 @@ class KafkaTransport:
                 except Exception as exc:  # e.g. the producer's buffer stayed full: resend from here
                     error = exc
                     break
-            results = await asyncio.gather(*futures, return_exceptions=True)
+            acks = asyncio.ensure_future(asyncio.gather(*futures, return_exceptions=True))
+            # The idempotent producer retries a batch until the broker takes it: while the broker
+            # is down only interrupt() (the caller gave up) ends this wait.
+            interrupted = asyncio.ensure_future(self._interrupted.wait())
+            await asyncio.wait((acks, interrupted), return_when=asyncio.FIRST_COMPLETED)
+            interrupted.cancel()
+            if not acks.done():
+                acks.cancel()
+                return todo
+            results = acks.result()
             delivered, failed, lost = [], [], []
             for c, result in zip(todo, results):
                 if not isinstance(result, BaseException):
@@ -200,7 +224,7 @@ class KafkaTransport:
             if error is not None:
                 log.warning("%d telemetry messages not delivered (%s: %s); retrying in %.1fs", len(failed),
                             type(error).__name__, error, backoff)
-                await asyncio.sleep(backoff)
+                await self._backoff(backoff)
                 backoff = min(backoff * 2, 5.0)
             todo = failed
         return []

@@ -74,5 +74,16 @@ def test_broker_down_calls_stay_fast_drops_are_counted_and_the_buffer_is_deliver
         # and in order: a resend after the restart may repeat a container, never put one before its predecessor
         firsts = [i for n, i in enumerate(ids) if n == 0 or i > max(ids[:n])]
         assert firsts == list(range(1, 50 + buffered + 1))
+
+        # A job that ends while the broker is down: close() returns near its timeout with the count.
+        late = TrainingTelemetry(project="p", run_id="late", settings=settings)
+        late.start()
+        assert late.flush(30) == 0
+        services.down(settings)
+        for i in range(10):
+            late.rollout(step=0, rollout_id=f"late{i}", reward=0.0)
+        started = time.monotonic()
+        assert late.close(2.0) == 11  # the 10 rollouts and RUN_END
+        assert time.monotonic() - started < 10
     finally:
         services.down(settings)
