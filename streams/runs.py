@@ -8,9 +8,12 @@ once per message. Time comes in as ``now_ns``; nothing here knows Kafka or Faust
   attempt, writer). A redelivered message, a replayed offset range after a crash, or a producer
   retry changes nothing. A record without a sequence (``sequence_id`` 0) is always applied.
 * **Event time** decides lateness. A run's progress is the event time of its slowest active
-  stream (topic, attempt, writer), as a watermark is the minimum over its inputs; a stream that
-  has fallen more than a window plus the lateness behind the fastest is no longer active (a
-  writer that stopped must not hold the run back). A grader window closes when progress passes
+  stream (topic, attempt, writer), as a watermark is the minimum over its inputs. A stream is
+  active while messages of it keep arriving: one that has sent nothing for ``idle_s`` (wall
+  clock, from this processor's start at the earliest) while the run's other streams did, no
+  longer holds the run back (a writer that stopped, or a topic already read to its end). Event
+  time alone cannot say this: the spans and steps topics are read independently, so in a
+  backlog one topic's streams can be far ahead of the other's without anything being lost. A grader window closes when progress passes
   its end plus the allowed lateness; a step when progress passes the step's end (its STEP event,
   a later step's first rollout, or RUN_END) plus the lateness. A backlog is therefore counted
   exactly however late it is processed.
@@ -52,7 +55,7 @@ class Output(NamedTuple):
 class RunConfig:
     window_s: float = 60.0
     lateness_s: float = 10.0
-    idle_s: float = 25.0  # no message for this long: close what is open by the wall clock
+    idle_s: float = 20.0  # no message for this long: close what is open by the wall clock
     stall_after_s: float = 900.0
     silent_after_s: float = 300.0
     retention_s: float = 120.0  # closed windows and steps kept this long (event time) for late data
@@ -61,7 +64,7 @@ class RunConfig:
     @classmethod
     def from_settings(cls, settings: Any) -> "RunConfig":
         return cls(window_s=settings.window, lateness_s=settings.allowed_lateness,
-                   idle_s=settings.allowed_lateness + settings.heartbeat_interval,
+                   idle_s=max(2 * settings.allowed_lateness, 1.0),
                    stall_after_s=settings.stall_after, silent_after_s=settings.silent_after,
                    retention_s=max(10 * settings.allowed_lateness, 2 * settings.window), thresholds=settings.alerts)
 
@@ -72,7 +75,7 @@ class Run:
     def __init__(self, project: str, run_id: str, partition: int):
         self.project, self.run_id, self.partition = project, run_id, partition
         self.marks: dict[str, int] = {}  # "topic|attempt|writer" -> highest sequence_id applied
-        self.progress: dict[str, int] = {}  # same key -> highest event time seen
+        self.progress: dict[str, list[int]] = {}  # same key -> [highest event time, wall clock of its last message]
         self.seen_ns = 0  # wall clock of the last message
         self.windows: dict[str, GraderWindow] = {}  # "attempt|term|start_ns"
         self.steps: dict[str, StepFigures] = {}  # "attempt|step"
@@ -100,7 +103,8 @@ class Run:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Run":
         run = cls(d["project"], d["run_id"], d["partition"])
-        run.marks, run.progress, run.seen_ns = dict(d["marks"]), dict(d["progress"]), d["seen_ns"]
+        run.marks, run.seen_ns = dict(d["marks"]), d["seen_ns"]
+        run.progress = {k: list(v) for k, v in d["progress"].items()}
         run.windows = {k: GraderWindow.from_dict(w) for k, w in d["windows"].items()}
         run.steps = {k: StepFigures.from_dict(s) for k, s in d["steps"].items()}
         run.step_ends, run.max_step = dict(d["step_ends"]), dict(d["max_step"])
@@ -127,7 +131,6 @@ class RunProcessor:
         self.lateness_ns = int(config.lateness_s * NS)
         self.idle_ns = int(config.idle_s * NS)
         self.retention_ns = int(config.retention_s * NS)
-        self.slack_ns = self.size_ns + self.lateness_ns  # a stream this far behind the fastest is inactive
         self.duplicates = 0  # records skipped by their sequence marks
 
     # -- messages ----------------------------------------------------------------------------
@@ -144,8 +147,13 @@ class RunProcessor:
                     continue
                 marks[stream] = seq
             t = r["time_ns"]
-            if t > progress.get(stream, 0):
-                progress[stream] = t
+            mark = progress.get(stream)
+            if mark is None:
+                progress[stream] = [t, now_ns]
+            else:
+                if t > mark[0]:
+                    mark[0] = t
+                mark[1] = now_ns
             if topic == "spans":
                 kind = r["kind"]
                 if kind == "GRADER" and r.get("term") is not None:
@@ -247,9 +255,9 @@ class RunProcessor:
     def _progress(self, run: Run) -> int | None:
         if not run.progress:
             return None
-        top = max(run.progress.values())
-        floor = top - self.slack_ns
-        return min(t for t in run.progress.values() if t >= floor)
+        resumed = self.resumed_ns  # after a restart every stream counts as heard from at the restart
+        latest = max(max(r, resumed) for _, r in run.progress.values())
+        return min(t for t, r in run.progress.values() if max(r, resumed) >= latest - self.idle_ns)
 
     def _close(self, run: Run, now_ns: int, idle: bool) -> list[Output]:
         progress = self._progress(run)
@@ -281,6 +289,11 @@ class RunProcessor:
         if progress is not None:
             for key in [k for k, t in run.step_ends.items() if t + late + self.retention_ns <= progress]:
                 del run.step_ends[key]
+            # a stream far behind and long silent (an ended attempt, a stopped writer) is forgotten;
+            # its sequence mark stays, so a replay of it is still recognised
+            for key in [k for k, (t, r) in run.progress.items()
+                        if t + self.retention_ns < progress and now_ns - max(r, self.resumed_ns) > self.retention_ns]:
+                del run.progress[key]
         for attempt in list(run.ended):
             if not any(k.split("|")[0] == str(attempt) for k in list(run.steps) + list(run.windows)):
                 forget_run(run.rules, run.project, run.run_id, attempt)  # its step-rule state goes with it

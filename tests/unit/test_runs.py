@@ -206,3 +206,17 @@ def test_every_state_and_alert_key_includes_the_project():
     h.advance(10)
     assert sorted(h.table) == ["p/r1", "q/r1"]
     assert sorted(a[1] for a in h.alerts()) == ["p/r1/1", "q/r1/1"]  # reward collapse, once per project
+
+
+@pytest.mark.parametrize("first", ["steps", "spans"])
+def test_one_topic_read_to_its_end_before_the_other_is_exact(first):
+    """In a backlog the spans and steps topics are read independently: one may be far ahead."""
+    h = Harness(CONFIG)
+    messages, truth = workload(Job(), steps=6)
+    for topic, records in sorted(messages, key=lambda m: m[0] != first):  # stable: each topic keeps its order
+        h.feed(topic, records)
+        h.advance(0.5)  # wall clock moves on while the other topic is still being read
+    h.advance(10)
+    assert figures(h) == truth
+    [run] = h.table.values()
+    assert run["late_dropped"] == 0
