@@ -114,10 +114,9 @@ def consumer_perf(settings: Settings, libs: Path, topic: str, messages: int, tim
     return parse_consumer(out)
 
 
-def producer_ceiling(settings: Settings, topic: str, record_size: int, events_per_record: float,
+def producer_ceiling(settings: Settings, libs: Path, topic: str, record_size: int, events_per_record: float,
                      reps: int = 3, target_mb: float = 120.0) -> dict[str, Any]:
     """Median of ``reps`` ProducerPerformance runs with records the size of our span containers."""
-    libs = tools_libs(settings)
     records = max(200, int(target_mb * 1e6 / record_size))
     runs = [producer_perf(settings, libs, topic, records, record_size) for _ in range(reps)]
     rps = median(r["records_per_s"] for r in runs)
@@ -135,11 +134,8 @@ def producer_ceiling(settings: Settings, topic: str, record_size: int, events_pe
     }
 
 
-def consumer_ceiling(settings: Settings, topic: str, messages: int, events_per_message: float,
-                     reps: int = 3) -> dict[str, Any]:
-    """Median of ``reps`` ConsumerPerformance reads of the whole topic the drain reads."""
-    libs = tools_libs(settings)
-    runs = [consumer_perf(settings, libs, topic, messages) for _ in range(reps)]
+def consumer_figures(runs: list[dict[str, Any]], events_per_message: float, messages: int) -> dict[str, Any]:
+    """The consumer ceiling from ConsumerPerformance runs that each read a whole backlog topic the drain reads."""
     mps = median(r["fetch_messages_per_s"] for r in runs)
     return {
         "consumer_ceiling_events_per_s": None if mps is None else mps * events_per_message,
@@ -147,6 +143,7 @@ def consumer_ceiling(settings: Settings, topic: str, messages: int, events_per_m
         "consumer_ceiling_mb_per_s": median(r["fetch_mb_per_s"] for r in runs),
         "consumer_ceiling_runs": runs,
         "consumer_ceiling_conversion": (
-            f"ConsumerPerformance fetch.nMsg.sec (group join excluded) x {events_per_message:.1f} events per message, "
-            f"reading all {messages} messages of {topic}, the backlog the drain reads (median of {reps} runs)"),
+            f"ConsumerPerformance fetch.nMsg.sec (group join excluded) x {events_per_message:.1f} events per message; "
+            f"each run reads all {messages} messages of a backlog's spans topic, the topic its drain then reads "
+            f"(median of {len(runs)} runs)"),
     }
