@@ -30,5 +30,8 @@ browser:
 test: services-up browser
 	$(BIN)/python -m pytest -v -rs tests
 
+# BENCH_ARGS: options of bench/run.py, e.g. make bench BENCH_ARGS=--quick. py-spy (for the
+# profiles) is installed into the venv here; without it the bench runs and says so.
 bench: services-up
-	$(BIN)/python bench/run.py
+	@test -x $(BIN)/py-spy || $(BIN)/pip install --quiet py-spy || echo "py-spy could not be installed: no profiles"
+	$(BIN)/python bench/run.py $(BENCH_ARGS)

@@ -189,6 +189,40 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_options():
+    """bench/options.py of this checkout, loaded by path (bench/ is not an installed package); None without it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "options.py"
+    spec = importlib.util.spec_from_file_location("rlpulse_bench_options", path)
+    if not path.exists() or spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """What `make bench` runs: the local broker up, then bench/run.py with this interpreter."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from rlpulse import services
+
+    root = Path(__file__).resolve().parents[1]
+    options = _bench_options()
+    if options is None:
+        raise RuntimeError(f"rlpulse bench runs from a source checkout: no bench/ beside {root / 'rlpulse'}")
+    os.environ.setdefault("RLPULSE_HOME", str(root / ".rlpulse"))  # as the Makefile does
+    settings = _settings(args)
+    if services.main(settings, "up") != 0:
+        return 1
+    env = dict(os.environ, RLPULSE_KAFKA_BOOTSTRAP=settings.kafka_bootstrap)
+    return subprocess.call([sys.executable, str(root / "bench" / "run.py"), *options.to_argv(args)], env=env, cwd=root)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlpulse", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -271,6 +305,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="local services and consumer lag of the streams and the sink")
     _add_common(p)
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("bench", help="the benchmarks of `make bench`: SDK, Kafka ceilings, drain, latency, memory")
+    bench_options = _bench_options()
+    if bench_options is not None:
+        bench_options.add_arguments(p)
+    p.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka bootstrap servers (RLPULSE_KAFKA_BOOTSTRAP)")
+    # topics and chDB stores are the benchmark's own, under fresh prefixes
+    p.set_defaults(func=cmd_bench, clickhouse_url=None, topic_prefix=None, verbose=False)
 
     p = sub.add_parser("report", help="print figures read from ClickHouse, or write one run's charts as HTML")
     p.add_argument("run", nargs="?", help="run_id; with --html, the run the page shows")
