@@ -83,7 +83,7 @@ def simulate(settings: Settings, config: SimConfig, progress: Callable[[str], No
                     progress(f"run {run_id}: stalling for {stall:.0f}s after step 0 (heartbeats go on)")
                     tel.flush(60.0)
                     time.sleep(stall)
-                    truth.expected_alerts |= {("stalled_run", f"{run_id}/1", "FIRING"), ("stalled_run", f"{run_id}/1", "RESOLVED")}
+                    truth.expected_alerts |= {("stalled_run", f"{config.project}/{run_id}/1", "FIRING"), ("stalled_run", f"{config.project}/{run_id}/1", "RESOLVED")}
             truth.undelivered += tel.flush(60.0)
         progress(f"run {run_id}: {config.steps} steps x {config.rollouts_per_step} rollouts published")
     if config.silent_run:
@@ -157,4 +157,4 @@ def _silent_run(settings: Settings, config: SimConfig, rng: random.Random, truth
     tel.step_completed(step=0)
     truth.step_events += 1
     truth.undelivered += tel.abandon()
-    truth.expected_alerts.add(("silent_run", f"{run_id}/1", "FIRING"))
+    truth.expected_alerts.add(("silent_run", f"{config.project}/{run_id}/1", "FIRING"))
