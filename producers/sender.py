@@ -194,27 +194,31 @@ class Sender:
     async def _drain(self) -> None:
         batch = self.config.batch_records
         while not self._abort.is_set():
-            if not self._closing.is_set() and not self._flushing:
-                # Sleep until an event arrives, then linger until a batch's worth or the timeout.
-                if self.queue.arm(1):
-                    await self._sleep(None)
-                if self.queue.arm(batch) and not self._flushing and not self._closing.is_set():
-                    await self._sleep(self.config.linger_s)
-                self.queue.disarm()
-            items = self.queue.take(batch * ROUND_BATCHES)
-            if not items:
+            # Sleep until an event is queued (close() wakes it too; an empty queue has nothing
+            # for a flush to hurry) ...
+            if self.queue.arm(1):
                 if self._closing.is_set():
                     return
-                continue
-            containers, lost = self.transport.encode(items)
-            if lost:
-                self.queue.done(0, len(lost), sum(lost))
-            await self.transport.deliver(containers, self._delivered, self._abort.is_set)
+                await self._sleep(None)
+            # ... then linger for a batch's worth, unless someone is waiting for delivery.
+            if not self._hurry() and self.queue.arm(batch):
+                await self._sleep(self.config.linger_s, hurry=True)
+            self.queue.disarm()
+            items = self.queue.take(batch * ROUND_BATCHES)
+            if items:
+                containers, lost = self.transport.encode(items)
+                if lost:
+                    self.queue.done(0, len(lost), sum(lost))
+                await self.transport.deliver(containers, self._delivered, self._abort.is_set)
 
-    async def _sleep(self, timeout: float | None) -> None:
+    def _hurry(self) -> bool:
+        return bool(self._flushing) or self._closing.is_set()
+
+    async def _sleep(self, timeout: float | None, hurry: bool = False) -> None:
+        """Wait for a wake-up (or ``timeout``); with ``hurry``, not at all while a flush or close waits."""
         assert self._wakeup is not None
         self._wakeup.clear()
-        if self._closing.is_set() or self._flushing:
+        if self._closing.is_set() or (hurry and self._flushing):
             return
         try:
             await asyncio.wait_for(self._wakeup.wait(), timeout)

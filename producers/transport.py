@@ -19,6 +19,7 @@ from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
 from producers.queue import Item
 from rlpulse.settings import Settings
+from schemas.catalogue import RAW_TOPICS
 from schemas.codec import Codec
 from schemas.topics import ensure_topics_async
 
@@ -157,6 +158,8 @@ class KafkaTransport:
                     self._topics_ready = True
                 producer = AIOKafkaProducer(**self.producer_kwargs())
                 await producer.start()
+                for short in RAW_TOPICS:  # fresh topics: learn their leaders before the first send
+                    await producer.partitions_for(self.settings.topic(short))
                 self.producer = producer
                 return True
             except Exception as exc:

@@ -111,3 +111,22 @@ def test_writers_of_one_run_share_its_partition_and_number_their_own_events(wire
     assert [r["kind"] for r in records if r["writer_id"] == writers[0].writer_id][-1] == "LLM"
     [hardware] = read(wire_settings, "hardware")
     assert hardware.key == b"GPU-x" and records_of([hardware])[0]["hw_id"] == "GPU-x"
+
+
+def test_an_idle_sender_sleeps_and_one_event_goes_out_after_the_linger(wire_settings: Settings) -> None:
+    import time
+
+    with TrainingTelemetry(project="p", run_id="idle", settings=wire_settings) as tel:
+        assert tel.flush(30) == 0
+        queue = tel.sender.queue
+        takes = []
+        take = queue.take
+        queue.take = lambda limit: takes.append(limit) or take(limit)  # each pass of the sender's loop takes once
+        time.sleep(1.0)
+        assert takes == []  # asleep, not polling
+        started = time.monotonic()
+        tel.rollout(step=0, rollout_id="one", reward=0.5)
+        while tel.delivered < 2 and time.monotonic() - started < 10:
+            time.sleep(0.005)
+        assert tel.delivered == 2 and time.monotonic() - started < 2.0  # linger 50 ms, then the broker's ack
+        assert len(takes) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 
@@ -187,3 +188,37 @@ def test_publish_span_takes_this_writers_identity_and_sequence():
     [(_, _, record)] = tel.sender.queued_records()
     assert (record["project"], record["sequence_id"], record["writer_id"]) == ("p", 1, tel.writer_id)
     Codec().encode("Span", [record])
+
+
+def test_the_queue_wakes_the_sender_once_per_arming():
+    from producers.queue import SPANS, Channel, EventQueue
+
+    queue = EventQueue(buffer_bytes=10**6, batch_records=3)
+    woken: list[int] = []
+    queue.set_waker(lambda: woken.append(len(queue)))
+    channel = Channel("t", "k", "Span", lambda seq, args: args)
+    queue.put(SPANS, channel, {}, 10)
+    assert woken == []  # nobody asked
+    queue.take(10)
+    assert queue.arm(1)  # the sender sleeps on an empty queue
+    for _ in range(2):
+        queue.put(SPANS, channel, {}, 10)
+    assert woken == [1]  # the first event wakes it, once
+    assert queue.arm(3)  # it lingers for a batch
+    queue.put(SPANS, channel, {}, 10)
+    queue.put(SPANS, channel, {}, 10)
+    assert woken == [1, 3]
+    assert not queue.arm(3)  # a batch is already there: no sleeping
+
+
+def test_producer_is_idempotent_compressed_and_batches_large():
+    from aiokafka import AIOKafkaProducer
+
+    kwargs = make().sender.transport.producer_kwargs()
+    assert (kwargs["acks"], kwargs["enable_idempotence"], kwargs["compression_type"]) == ("all", True, "lz4")
+    assert kwargs["max_batch_size"] == 1024 * 1024 and 0 < kwargs["linger_ms"] <= 10
+
+    async def construct() -> None:
+        AIOKafkaProducer(**kwargs)  # raises when the lz4 codec (cramjam) is missing
+
+    asyncio.run(construct())
