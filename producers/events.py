@@ -9,6 +9,7 @@ encoding, so the call stays cheap; only a record near the message limit is measu
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Mapping
 
 GRADER_OUTCOMES = ("ok", "timeout", "unavailable", "unreadable", "ungradable")
@@ -64,6 +65,7 @@ def float_map(field: str, values: Mapping[str, Any] | None, max_keys: int) -> di
 
 MAX_ATTRIBUTES = 64
 FIELD_BYTES = 10  # what a number, a length prefix or a union branch costs in Avro, at most
+DICT_BYTES, ENTRY_BYTES = 240, 60  # a copied dict in memory, and each entry (see telemetry's *_QUEUED_BYTES)
 
 
 def attribute_map(field: str, values: Mapping[str, Any] | None, max_keys: int = MAX_ATTRIBUTES) -> dict[str, Any]:
@@ -90,9 +92,9 @@ def sized_attributes(field: str, values: Any, max_keys: int = MAX_ATTRIBUTES) ->
                 raise ValueError(f"{field}[{key!r}] must be finite, got {value!r}")
         elif not isinstance(value, (str, bool, int, float)):
             raise ValueError(f"{field}[{key!r}] must be a string, bool, int or float, got {type(value).__name__}")
-        size += len(key) + 2 * FIELD_BYTES
+        size += len(key) + ENTRY_BYTES
         out[key] = value
-    return out, size
+    return out, size + DICT_BYTES
 
 
 def utf8_bytes(value: Any) -> int:
@@ -102,6 +104,16 @@ def utf8_bytes(value: Any) -> int:
     if isinstance(value, Mapping):
         return sum(utf8_bytes(k) + utf8_bytes(v) for k, v in value.items()) + FIELD_BYTES
     return FIELD_BYTES
+
+
+def queued_bytes(record: Mapping[str, Any]) -> int:
+    """What a queued record dict holds in memory: the dict, its values and one level of nested dicts."""
+    size = sys.getsizeof(record)
+    for value in record.values():
+        size += sys.getsizeof(value)
+        if isinstance(value, Mapping):
+            size += sum(sys.getsizeof(k) + sys.getsizeof(x) for k, x in value.items())
+    return size
 
 
 def refuse_oversized(record_type: str, limit: int, base: int, fields: Mapping[str, Any]) -> None:

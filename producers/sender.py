@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from producers.events import queued_bytes
 from producers.queue import UNSEQUENCED, Channel, EventQueue
 from producers.transport import BATCH_RECORDS, MAX_MESSAGE_BYTES, Container, KafkaTransport
 from rlpulse.settings import Settings
@@ -120,7 +121,7 @@ class Sender:
         if size > limit:
             raise ValueError(f"{item.schema} record of {size} bytes can never fit in one Kafka message "
                              f"(at most {limit} bytes for a record)")
-        size += len(item.key)
+        size = max(size, queued_bytes(record)) + len(item.key)  # held in memory as a dict until acknowledged
         return self.queue.put(UNSEQUENCED, Channel(item.topic, item.key, item.schema, _as_is), record, size)
 
     def queued_records(self) -> list[tuple[str, str, dict[str, Any]]]:
@@ -226,6 +227,6 @@ class Sender:
             pass
 
     def _delivered(self, containers: list[Container], lost: list[int]) -> None:
-        self.queue.done(sum(len(c.records) for c in containers), len(lost),
+        self.queue.done(sum(len(c.items) for c in containers), len(lost),
                         sum(c.size for c in containers) + sum(lost))
 

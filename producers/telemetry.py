@@ -29,10 +29,18 @@ log = logging.getLogger(__name__)
 
 MAX_TERMS = 64  # distinct reward terms per run: a high-cardinality guard (seed 000)
 SPAN_KINDS = ("ROLLOUT", "REWARD", "LLM", "TOOL", "GRADER", "ANNOTATION", "CUSTOM")
-# Estimated encoded bytes of a span's fixed fields (ids, times, numbers, enum and union
-# indexes): the variable ones (strings, maps) are added per call from their lengths.
-SPAN_FIXED_BYTES = 160
-STEP_FIXED_BYTES = 120
+# Encoded bytes of a span's fixed fields (ids, times, numbers, enum and union indexes), for
+# the too-large check; the variable ones (strings, maps) are added from their lengths.
+SPAN_ENCODED_BYTES = 160
+# What one queued event holds in memory until it is acknowledged (its argument tuples, number
+# objects, copied dicts; measured with tracemalloc), which is 2-4x its encoded size: counting
+# this makes buffer_bytes bound the SDK's memory, not only the bytes it would put on the wire.
+# Strings add their length (a rollout id made per call is kept alive by the queue).
+ROLLOUT_QUEUED_BYTES = 480
+GRADER_QUEUED_BYTES = 420
+STEP_QUEUED_BYTES = 380
+DICT_QUEUED_BYTES = 240  # a copied term_shares or attributes dict, plus ENTRY_BYTES an entry
+ENTRY_BYTES = 60
 _NO_SHARES: dict[str, float] = {}  # shared, never mutated: the builders only read it
 _SPAN_NULLS = dict(parent_span_id=None, status_message="", attempt_id="", step=None, attributes={}, term=None,
                    outcome=None, score=None, judge_input_tokens=None, judge_output_tokens=None, reward=None,
@@ -97,9 +105,7 @@ class TrainingTelemetry:
                         writer_id=self.writer_id)
         self._span_base = {**_SPAN_NULLS, **identity, "status": "OK"}
         self._step_base = {**identity, "trainer": self.trainer}
-        ident_bytes = sum(map(len, (self.project, self.run_id, self.stage, self.writer_id)))
-        self._span_bytes = SPAN_FIXED_BYTES + ident_bytes
-        self._step_bytes = STEP_FIXED_BYTES + ident_bytes
+        self._span_bytes = SPAN_ENCODED_BYTES + sum(map(len, (self.project, self.run_id, self.stage, self.writer_id)))
         self._span_limit = self._sender.max_record_bytes("Span", self.key)
         # Below this many estimated bytes a span fits even if every character took 4 bytes in
         # UTF-8: only above it is the exact size worked out (refuse_oversized).
@@ -205,10 +211,10 @@ class TrainingTelemetry:
             v.require_str("rollout_id", rollout_id)
         if type(reward) is not float or reward - reward:
             reward = v.require_finite("reward", reward)
-        size = self._span_bytes + len(rollout_id)
+        size = ROLLOUT_QUEUED_BYTES + len(rollout_id)
         if term_shares:
             shares = self._checked_shares(term_shares)
-            size += sum(map(len, shares)) + 2 * v.FIELD_BYTES * len(shares)
+            size += DICT_QUEUED_BYTES + sum(map(len, shares)) + ENTRY_BYTES * len(shares)
         elif term_shares is None or type(term_shares) is dict:
             shares = _NO_SHARES
         else:
@@ -265,7 +271,7 @@ class TrainingTelemetry:
             v.require_count("input_tokens", input_tokens)
         if output_tokens is not None and (type(output_tokens) is not int or output_tokens < 0):
             v.require_count("output_tokens", output_tokens)
-        size = self._span_bytes + len(rollout_id) + 2 * len(term)
+        size = GRADER_QUEUED_BYTES + len(rollout_id) + 2 * len(term)
         if size > self._span_quick_limit:
             v.refuse_oversized("Span", self._span_limit, self._span_bytes, dict(rollout_id=rollout_id, term=term, name=term))
         self._put(SPANS, self._grader_channel, (self._clock(), step, rollout_id, term, outcome, duration_s, score,
@@ -307,10 +313,8 @@ class TrainingTelemetry:
                 raise ValueError(f"span field {name} is required")
         variable = {k: fields.get(k) for k in ("name", "status_message", "rollout_id", "attempt_id", "attributes",
                                                "term", "outcome", "sample_id", "term_shares")}
-        size = self._span_bytes + sum(v.utf8_bytes(x) for x in variable.values() if x is not None)
-        if size > self._span_limit:
-            v.refuse_oversized("Span", self._span_limit, self._span_bytes, variable)
-        return self._put(SPANS, self._span_channel, fields, size)
+        v.refuse_oversized("Span", self._span_limit, self._span_bytes, variable)
+        return self._put(SPANS, self._span_channel, fields, v.queued_bytes(fields))
 
     def publish_hardware(self, record_type: str, key: str, record: Mapping[str, Any]) -> bool:
         """Queue a ``GpuSample`` or ``Placement`` record on ``<prefix>.hardware`` under ``key`` (the hw_id).
@@ -348,7 +352,7 @@ class TrainingTelemetry:
         with self._step_lock:  # so step_count and the sequence id rise together across threads
             self.step_count += completed
             self._put(STEPS, self._step_channel, (self._clock(), type_, step, self.step_count, tokens, duration_s, mfu),
-                      self._step_bytes)
+                      STEP_QUEUED_BYTES)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop_heartbeat.wait(self.settings.heartbeat_interval):

@@ -38,13 +38,12 @@ class Container:
     topic: str
     key: bytes
     schema: str
-    records: list[dict[str, Any]]  # kept until acknowledged: a too-large refusal re-splits them
-    sizes: list[int]  # each record's bytes in the queue's accounting
+    items: list[Item]  # the queue's items, kept until acknowledged (they count in its budget)
     value: bytes = b""
 
     @property
     def size(self) -> int:
-        return sum(self.sizes)
+        return sum(item[2] for item in self.items)
 
 
 class KafkaTransport:
@@ -86,56 +85,65 @@ class KafkaTransport:
 
     # -- encoding --------------------------------------------------------------------------
     def encode(self, items: list[Item]) -> tuple[list[Container], list[int]]:
-        """Build, group and encode ``items``; returns the containers and the sizes of items given up on.
+        """Group ``items`` and encode each group's containers; returns them and the sizes of items given up on.
 
-        A record that cannot be built or encoded (a bug, never the caller's bad argument, which
-        the call refused) is logged and given up on instead of blocking everything after it.
+        Records are built one container at a time, so at most one container's record dicts
+        exist at once. A record that cannot be built or encoded (a bug, never a caller's bad
+        argument, which the call refused) is logged and given up on instead of blocking the rest.
         """
-        groups: dict[tuple[str, str, str], tuple[list[dict[str, Any]], list[int]]] = {}
-        lost: list[int] = []
-        for channel, seq, size, args in items:
-            try:
-                record = channel.build(seq, args)
-            except Exception:
-                log.exception("could not build a %s record; dropped", channel.schema)
-                lost.append(size)
-                continue
-            group = groups.get(channel.group)
+        groups: dict[tuple[str, str, str], list[Item]] = {}
+        for item in items:
+            group = groups.get(item[0].group)
             if group is None:
-                group = groups[channel.group] = ([], [])
-            group[0].append(record)
-            group[1].append(size)
+                group = groups[item[0].group] = []
+            group.append(item)
         out: list[Container] = []
-        for (topic, key, schema), (records, sizes) in groups.items():
+        lost: list[int] = []
+        for (topic, key, schema), group in groups.items():
             key_bytes = key.encode()
             budget = self.max_message_bytes - self.header_bytes(schema) - len(key_bytes) - KAFKA_OVERHEAD
             start = used = 0
-            for i, size in enumerate(sizes):  # cut by count and by the estimated bytes
-                if i > start and (i - start >= self.batch_records or used + size > budget):
-                    self._encode_into(out, Container(topic, key_bytes, schema, records[start:i], sizes[start:i]), lost)
+            for i, item in enumerate(group):  # cut by count and by the estimated bytes
+                if i > start and (i - start >= self.batch_records or used + item[2] > budget):
+                    self._encode_into(out, Container(topic, key_bytes, schema, group[start:i]), lost)
                     start, used = i, 0
-                used += size
-            if start < len(records):
-                self._encode_into(out, Container(topic, key_bytes, schema, records[start:], sizes[start:]), lost)
+                used += item[2]
+            if start < len(group):
+                self._encode_into(out, Container(topic, key_bytes, schema, group[start:]), lost)
         return out, lost
 
     def _encode_into(self, out: list[Container], c: Container, lost: list[int]) -> None:
-        """Encode ``c``; halve it while it is over the limit or holds a record that does not encode."""
+        """Build and encode ``c``; halve it while it is over the limit or holds a record that does not encode."""
+        records, good = [], []
+        for item in c.items:
+            try:
+                records.append(item[0].build(item[1], item[3]))
+                good.append(item)
+            except Exception:
+                log.exception("could not build a %s record; dropped", c.schema)
+                lost.append(item[2])
+        if not good:
+            return
+        c.items = good
         try:
-            c.value = self.codec.encode(c.schema, c.records)
+            c.value = self.codec.encode(c.schema, records)
             fits = len(c.value) + len(c.key) + KAFKA_OVERHEAD <= self.max_message_bytes
             error = None if fits else f"{len(c.value)} bytes encoded, over the {self.max_message_bytes}-byte message limit"
         except ValueError as exc:
             error = str(exc)
         if error is None:
             out.append(c)
-        elif len(c.records) == 1:
-            log.error("a %s record for %s could not be sent (%s); dropped", c.schema, c.topic, error)
-            lost.append(c.sizes[0])
         else:
-            half = len(c.records) // 2
-            for part in (slice(None, half), slice(half, None)):
-                self._encode_into(out, Container(c.topic, c.key, c.schema, c.records[part], c.sizes[part]), lost)
+            self._halve(out, c, lost, error)
+
+    def _halve(self, out: list[Container], c: Container, lost: list[int], error: str) -> None:
+        if len(c.items) == 1:
+            log.error("a %s record for %s could not be sent (%s); dropped", c.schema, c.topic, error)
+            lost.append(c.items[0][2])
+            return
+        half = len(c.items) // 2
+        for part in (c.items[:half], c.items[half:]):
+            self._encode_into(out, Container(c.topic, c.key, c.schema, part), lost)
 
     # -- the producer ----------------------------------------------------------------------
     def producer_kwargs(self) -> dict[str, Any]:
@@ -213,8 +221,10 @@ class KafkaTransport:
             for c, result in zip(todo, results):
                 if not isinstance(result, BaseException):
                     delivered.append(c)
-                elif isinstance(result, (MessageSizeTooLargeError, RecordTooLargeError)) :
-                    failed.extend(self._split(c, lost))  # the broker's limit is below ours: halve and resend
+                elif isinstance(result, (MessageSizeTooLargeError, RecordTooLargeError)):
+                    split: list[Container] = []  # the broker's limit is below ours: halve and resend
+                    self._halve(split, c, lost, f"the broker refused {len(c.value)} bytes as too large")
+                    failed.extend(split)
                 else:
                     error = error or result
                     failed.append(c)
@@ -231,14 +241,3 @@ class KafkaTransport:
                 backoff = min(backoff * 2, 5.0)
             todo = failed
         return []
-
-    def _split(self, c: Container, lost: list[int]) -> list[Container]:
-        if len(c.records) == 1:
-            log.error("the broker refused a %s record of %d bytes as too large; dropped", c.schema, len(c.value))
-            lost.append(c.sizes[0])
-            return []
-        out: list[Container] = []
-        half = len(c.records) // 2
-        for part in (slice(None, half), slice(half, None)):
-            self._encode_into(out, Container(c.topic, c.key, c.schema, c.records[part], c.sizes[part]), lost)
-        return out

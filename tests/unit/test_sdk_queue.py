@@ -222,3 +222,15 @@ def test_producer_is_idempotent_compressed_and_batches_large():
         AIOKafkaProducer(**kwargs)  # raises when the lz4 codec (cramjam) is missing
 
     asyncio.run(construct())
+
+
+def test_a_record_that_does_not_encode_is_isolated_and_dropped_not_retried(caplog):
+    tel = make()
+    span = dict(time_ns=2, trace_id=b"t" * 16, span_id=b"s" * 8, name="chat", kind="LLM", start_time_ns=1, end_time_ns=2)
+    for i in range(9):
+        tel.publish_span(dict(span, step="three") if i == 4 else dict(span, step=i))  # publish_span checks less than the calls
+    with caplog.at_level(logging.ERROR, logger="producers.transport"):
+        containers, lost = tel.sender.transport.encode(tel.sender.queue.take(100))
+    records = [r for c in containers for r in Codec().decode(c.value).records]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 5, 6, 7, 8] and len(lost) == 1
+    assert "could not be sent" in caplog.text and "step" in caplog.text
