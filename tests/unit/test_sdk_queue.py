@@ -234,3 +234,24 @@ def test_a_record_that_does_not_encode_is_isolated_and_dropped_not_retried(caplo
     records = [r for c in containers for r in Codec().decode(c.value).records]
     assert [r["step"] for r in records] == [0, 1, 2, 3, 5, 6, 7, 8] and len(lost) == 1
     assert "could not be sent" in caplog.text and "step" in caplog.text
+
+
+def test_a_full_buffer_holds_no_more_memory_than_its_bound():
+    import tracemalloc
+
+    budget = 2_000_000
+    tel = make(buffer_bytes=budget)
+    tel.rollout(step=0, rollout_id="warm", reward=0.5, term_shares={"judge": 0.1, "format": 0.1})
+    tracemalloc.start()
+    try:
+        i = 0
+        while tel.dropped == 0:  # ids made per call, as a training loop does, kept alive by the queue only
+            tel.rollout(step=i, rollout_id=f"rollout-{i}", reward=0.5 + i, term_shares={"judge": 0.1 + i, "format": 0.1},
+                        completion_tokens=100 + i, max_tokens=1024, sample_id=f"prompt-{i}")
+            tel.grader(step=i, rollout_id=f"rollout-{i}", term="judge", outcome="ok", duration_s=0.5 + i, score=0.5 + i)
+            tel.step_completed(step=i, tokens=1000 + i, duration_s=1.0 + i)
+            i += 1
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert tel.pending > 3000 and held <= budget * 1.1, f"{held} bytes held for a {budget}-byte bound"
