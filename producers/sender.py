@@ -16,6 +16,7 @@ Publishing a ready-made record (GPU samples, placements)::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -65,8 +66,7 @@ class Sender:
                  config: SenderConfig | None = None):
         config = config or SenderConfig()
         if buffer_bytes is not None:
-            config = SenderConfig(buffer_bytes, config.batch_records, config.max_message_bytes, config.linger_s,
-                                  config.producer_linger_ms)
+            config = dataclasses.replace(config, buffer_bytes=buffer_bytes)
         self.config = config
         self.settings = settings
         self.codec = codec or Codec()

@@ -105,7 +105,7 @@ class TrainingTelemetry:
                         writer_id=self.writer_id)
         self._span_base = {**_SPAN_NULLS, **identity, "status": "OK"}
         self._step_base = {**identity, "trainer": self.trainer}
-        self._span_bytes = SPAN_ENCODED_BYTES + sum(map(len, (self.project, self.run_id, self.stage, self.writer_id)))
+        self._span_encoded_bytes = SPAN_ENCODED_BYTES + sum(map(len, (self.project, self.run_id, self.stage, self.writer_id)))
         self._span_limit = self._sender.max_record_bytes("Span", self.key)
         # Below this many estimated bytes a span fits even if every character took 4 bytes in
         # UTF-8: only above it is the exact size worked out (refuse_oversized).
@@ -238,7 +238,7 @@ class TrainingTelemetry:
             attributes, extra = v.sized_attributes("attributes", attributes)
             size += extra
         if size > self._span_quick_limit:
-            v.refuse_oversized("Span", self._span_limit, self._span_bytes, dict(
+            v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, dict(
                 rollout_id=rollout_id, sample_id=sample_id, term_shares=shares, attributes=attributes))
         self._put(SPANS, self._rollout_channel, (self._clock(), step, rollout_id, reward, shares, completion_tokens,
                                                   max_tokens, clipped, sample_id, duration_s, attributes), size)
@@ -273,7 +273,7 @@ class TrainingTelemetry:
             v.require_count("output_tokens", output_tokens)
         size = GRADER_QUEUED_BYTES + len(rollout_id) + 2 * len(term)
         if size > self._span_quick_limit:
-            v.refuse_oversized("Span", self._span_limit, self._span_bytes, dict(rollout_id=rollout_id, term=term, name=term))
+            v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, dict(rollout_id=rollout_id, term=term, name=term))
         self._put(SPANS, self._grader_channel, (self._clock(), step, rollout_id, term, outcome, duration_s, score,
                                                  input_tokens, output_tokens), size)
 
@@ -313,7 +313,7 @@ class TrainingTelemetry:
                 raise ValueError(f"span field {name} is required")
         variable = {k: fields.get(k) for k in ("name", "status_message", "rollout_id", "attempt_id", "attributes",
                                                "term", "outcome", "sample_id", "term_shares")}
-        v.refuse_oversized("Span", self._span_limit, self._span_bytes, variable)
+        v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, variable)
         return self._put(SPANS, self._span_channel, fields, v.queued_bytes(fields))
 
     def publish_hardware(self, record_type: str, key: str, record: Mapping[str, Any]) -> bool:
