@@ -38,6 +38,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "RLPULSE_STALL_AFTER": f"{settings.stall_after}s",
         "RLPULSE_SILENT_AFTER": f"{settings.silent_after}s",
         "RLPULSE_HEARTBEAT_INTERVAL": f"{settings.heartbeat_interval}s",
+        "RLPULSE_STREAMS_COMMIT_INTERVAL": f"{settings.streams_commit_interval}s",
         "RLPULSE_ALERT_GRADER_FAILURE_RATE": str(settings.alerts.grader_failure_rate),
         "RLPULSE_ALERT_GRADER_MIN_GRADED": str(settings.alerts.grader_min_graded),
         "RLPULSE_ALERT_CLIPPED_RISING_STEPS": str(settings.alerts.clipped_rising_steps),

@@ -54,6 +54,7 @@ class Settings:
     stall_after: float = 900.0
     silent_after: float = 300.0
     heartbeat_interval: float = 15.0
+    streams_commit_interval: float = 2.8  # how often the streams commit offsets (Faust's default)
     # Kafka security; the password is kept out of repr() so it never lands in a log line.
     kafka_security_protocol: str = "PLAINTEXT"
     kafka_sasl_mechanism: str = ""
@@ -76,6 +77,7 @@ class Settings:
         "RLPULSE_STALL_AFTER": ("stall_after", parse_duration),
         "RLPULSE_SILENT_AFTER": ("silent_after", parse_duration),
         "RLPULSE_HEARTBEAT_INTERVAL": ("heartbeat_interval", parse_duration),
+        "RLPULSE_STREAMS_COMMIT_INTERVAL": ("streams_commit_interval", parse_duration),
         "RLPULSE_KAFKA_SECURITY_PROTOCOL": ("kafka_security_protocol", str),
         "RLPULSE_KAFKA_SASL_MECHANISM": ("kafka_sasl_mechanism", str),
         "RLPULSE_KAFKA_SASL_USERNAME": ("kafka_sasl_username", str),
@@ -150,4 +152,5 @@ class Settings:
         return kwargs
 
 
-_DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "silent_after", "heartbeat_interval"}
+_DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "silent_after", "heartbeat_interval",
+                    "streams_commit_interval"}

@@ -25,6 +25,7 @@ import faust
 from rlpulse.settings import Settings
 from schemas.catalogue import BY_SHORT, DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
 from schemas.codec import Codec, DecodeError
+from streams.commits import ProcessedOffsets
 from streams.runs import SPAN_FIELDS, Output, RunConfig, RunProcessor
 from streams.stage import HardwareStage, RunStage
 
@@ -63,6 +64,7 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
         # A killed worker's partitions move to its replacement after this long (Faust's default is 60 s).
         broker_session_timeout=10.0,
         broker_heartbeat_interval=3.0,
+        broker_commit_interval=settings.streams_commit_interval,
         **FAUST_TUNING,
     )
     codec = Codec()
@@ -94,6 +96,7 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
             log.warning("skipping undecodable message %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
             return []
 
+    processed = ProcessedOffsets()
     prefix_len = len(settings.topic_prefix) + 1
     wanted = {"spans": SPAN_FIELDS}
 
@@ -108,6 +111,7 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
                 records = decode(event, short)
                 if records:
                     await publish(runs.on_message(short, msg.partition, records, now))
+            processed.done(msg)
 
     @app.agent(topic(*HARDWARE_TOPICS), concurrency=1)
     async def gpu_agent(stream: faust.StreamT) -> None:
@@ -120,11 +124,23 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
                 records = decode(event, short)
                 if records:
                     await publish(gpus.on_message(msg.partition, records, now))
+            processed.done(msg)
 
     @app.timer(interval=TICK_INTERVAL_S)
     async def tick() -> None:
         for partition in range(settings.partitions):
             await ticks.send(key=b"tick", value=b"", partition=partition)
+
+    # Twice Faust's interval: it only steps in where Faust's own commit did not move.
+    @app.timer(interval=2 * settings.streams_commit_interval)
+    async def commit_behind() -> None:
+        committed = await processed.commit_behind(app.consumer)
+        if committed:
+            log.info("committed %d partitions Faust had left behind", len(committed))
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(app: faust.App, revoked: set, **kwargs: Any) -> None:
+        processed.forget(revoked)
 
     return app
 
