@@ -114,12 +114,16 @@ class Pipeline:
     def wait_caught_up(self, closes_at_ns: int, timeout: float = 180.0, progress=lambda line: None) -> None:
         """Wait until every window that closes by ``closes_at_ns`` is emitted and everything is in ClickHouse.
 
-        Caught up means: the wall clock is past ``closes_at_ns`` plus a second for the emit timer,
-        the streams have committed all of ``spans``, and then the sink has committed every topic
-        it reads, twice in a row half a second apart.
+        Caught up means: the wall clock is past ``closes_at_ns`` plus a second and a half; the
+        streams have committed every raw topic, and have stayed so for long enough that a run
+        gone idle was closed by the wall clock (twice the allowed lateness, plus two seconds for
+        the tick and the commit); then the sink has committed every topic it reads, twice in a
+        row half a second apart.
         """
         deadline = time.monotonic() + timeout
+        idle_wait = max(2 * self.settings.allowed_lateness, 1.0) + 2.0
         settled = 0
+        streams_done_since: float | None = None
         last = None
         while time.monotonic() < deadline:
             self.check_alive()
@@ -131,7 +135,13 @@ class Pipeline:
                 if state != last:
                     progress(f"waiting: streams lag {streams_lag}, sink lag {sink_lag}")
                     last = state
-                settled = settled + 1 if streams_lag == 0 and sink_lag == 0 else 0
+                if streams_lag:
+                    streams_done_since = None
+                elif streams_done_since is None:
+                    streams_done_since = time.monotonic()
+                idle_closed = "streams" not in self.procs or (
+                    streams_done_since is not None and time.monotonic() - streams_done_since >= idle_wait)
+                settled = settled + 1 if streams_lag == 0 and sink_lag == 0 and idle_closed else 0
                 if settled >= 2:
                     return
             time.sleep(0.5)
