@@ -35,4 +35,4 @@ def test_same_seed_same_ground_truth(settings: Settings, tmp_path: Path) -> None
     assert sum(first["rollouts"].values()) == 2 * 3 * 8 + 8  # two runs, and the silent one's single step
     causes = {key.rsplit("/", 1)[1] for key in first["failures"]}
     assert causes == {"timeout", "unavailable", "unreadable", "ungradable"}
-    assert "silent_run/sim-silent/1/FIRING" in first["expected_alerts"]
+    assert "silent_run/sim/sim-silent/1/FIRING" in first["expected_alerts"]
