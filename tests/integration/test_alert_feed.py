@@ -31,9 +31,8 @@ async def publish(settings: Settings, records: list[dict]) -> None:
     producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
     await producer.start()
     try:
-        await producer.send_and_wait(settings.topic("schemas"), key=codec.fingerprint("Alert"), value=codec.canonical("Alert").encode())
         for record in records:
-            await producer.send_and_wait(settings.topic("alerts"), key=b"r1/1", value=codec.encode("Alert", record))
+            await producer.send_and_wait(settings.topic("alerts"), key=b"p/r1", value=codec.encode("Alert", [record]))
     finally:
         await producer.stop()
 
