@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 # Container codecs ClickHouse's Avro input reads.
 CODECS = ("null", "deflate", "snappy")
+POLL_MESSAGES = 256
 
 
 @dataclass
@@ -118,8 +120,11 @@ class ClickHouseSink:
             current, self._checkpoint = self._checkpoint, Checkpoint(self.policy)
             if current.empty or self._consumer is None:
                 return
+            started = time.monotonic()
             self.committed.update(await current.commit(self._write, self._consumer))
             self.stats.checkpoints += 1
+            log.debug("checkpoint: %d rows, %.1f MB, %d partitions in %.3fs", current.rows, current.bytes / 1e6,
+                      len(current.offsets), time.monotonic() - started)
 
     # -- the loop -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -130,7 +135,7 @@ class ClickHouseSink:
             metadata_max_age_ms=30_000,
             # Messages are containers of hundreds of records: fetch several per partition per
             # round trip, or the fetch size, not ClickHouse, limits a backlog's drain rate.
-            max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024, **kafka,
+            max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=16 * 1024 * 1024, **kafka,
         )
         await consumer.start()
         await self._producer.start()
@@ -145,7 +150,8 @@ class ClickHouseSink:
                      self.store.database)
             while not stop.is_set():
                 timeout = self._checkpoint.remaining() if not self._checkpoint.empty else 0.5
-                batches = await consumer.getmany(timeout_ms=max(int(timeout * 1000), 10))
+                # A bounded poll keeps a checkpoint near its row and byte limits (a poll may hold many fetches).
+                batches = await consumer.getmany(timeout_ms=max(int(timeout * 1000), 10), max_records=POLL_MESSAGES)
                 for messages in batches.values():
                     for msg in messages:
                         await self._take(msg)

@@ -18,6 +18,7 @@ leaves the rows as they were.
 from __future__ import annotations
 
 import asyncio
+import glob
 import hashlib
 import logging
 import os
@@ -28,6 +29,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
+from urllib.parse import urlsplit
 
 from clickhouse_connect.driver.exceptions import DataError, OperationalError
 
@@ -73,14 +75,23 @@ class Inserter:
     def __init__(self, store: Store):
         self.store = store
         self.embedded = store.url.startswith("chdb:")
-        # chDB's client cannot take binary data with a statement, so the container goes through a
-        # file only this user can read, in a directory only this user can list.
-        self._dir = tempfile.mkdtemp(prefix="rlpulse-sink-") if self.embedded else None
+        self._dir = self._private_dir(store) if self.embedded else None
         self._seq = 0
         self._lock = threading.Lock()
         # Fault injection for the crash tests: SIGKILL this process after N inserts, before the commit.
         self._kill_after = int(os.environ.get("RLPULSE_FAULT_KILL_AFTER_INSERTS", "0") or 0)
         self.inserts = 0
+
+    @staticmethod
+    def _private_dir(store: Store) -> str:
+        """chDB's client cannot take binary data with a statement, so each container goes through
+        a file only this user can read (0600), in a directory only this user can list (0700).
+        It lives in the store, which this process holds locked: files a killed sink left behind
+        are removed here, and nobody else's temp directory fills up."""
+        root = urlsplit(store.url).path
+        for stale in glob.glob(os.path.join(glob.escape(root), "sink-tmp-*")):
+            shutil.rmtree(stale, ignore_errors=True)
+        return tempfile.mkdtemp(prefix="sink-tmp-", dir=root)
 
     def insert(self, plan: InsertPlan, data: bytes, dedup_token: str) -> None:
         """Blocking; run it in a thread. Raises what clickhouse-connect raises."""
