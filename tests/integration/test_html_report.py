@@ -61,10 +61,9 @@ def _seed(store_url: str) -> dict[str, int]:
         failures = []
         for w in range(4):
             for cause in ("timeout", "http_500", "parse"):
-                for part in (0, 1):
-                    failures.append({**base, "term": "judge", "cause": cause, "window_start_ns": now + w * 10 * NS,
-                                     "window_end_ns": now + (w + 1) * 10 * NS, "failures": w + part + 1,
-                                     "graded": 20, "source_partition": part, "emitted_at_ns": now})
+                failures.append({**base, "term": "judge", "cause": cause, "window_start_ns": now + w * 10 * NS,
+                                 "window_end_ns": now + (w + 1) * 10 * NS, "failures": 2 * w + 3,
+                                 "graded": 40, "emitted_at_ns": now})
         _insert(c, "grader_failures", failures)
         placement = {**base, "stage": "train", "role": "trainer", "pod": "pod-0", "node": "n0", "host": "h0"}
         _insert(c, "placements", [

@@ -178,25 +178,24 @@ def test_stalled_runs(url: str) -> None:
     ]
 
 
-def failure_row(run_id: str, cause: str, window: int, partition: int, failures: int, graded: int, emitted: int,
+def failure_row(run_id: str, cause: str, window: int, failures: int, graded: int, emitted: int,
                 term: str = "judge") -> dict:
     return {"project": "p", "run_id": run_id, "attempt": 1, "term": term, "cause": cause,
             "window_start_ns": T0 + window * 60 * S, "window_end_ns": T0 + (window + 1) * 60 * S,
-            "failures": failures, "graded": graded, "source_partition": partition, "emitted_at_ns": T0 + emitted}
+            "failures": failures, "graded": graded, "emitted_at_ns": T0 + emitted}
 
 
 def test_failures_by_cause(url: str) -> None:
     seed(url, {"grader_failures": [
-        failure_row("r1", "timeout", 0, 0, 2, 10, 1),
-        failure_row("r1", "timeout", 0, 0, 2, 10, 1),  # replayed duplicate
-        failure_row("r1", "timeout", 0, 1, 1, 5, 1),
-        failure_row("r1", "timeout", 1, 0, 9, 9, 2),  # superseded by the later emission below
-        failure_row("r1", "timeout", 1, 0, 3, 10, 3),
-        failure_row("r1", "parse", 0, 0, 1, 10, 1),
-        failure_row("r1", "timeout", 0, 0, 4, 8, 1, term="format"),
-        failure_row("r2", "timeout", 1, 0, 0, 7, 2),
-        failure_row("r1", "timeout", 5, 0, 50, 50, 6),  # window outside [since, until)
-        failure_row("r1", "timeout", -2, 0, 50, 50, 6),
+        failure_row("r1", "timeout", 0, 3, 15, 1),
+        failure_row("r1", "timeout", 0, 3, 15, 1),  # replayed duplicate
+        failure_row("r1", "timeout", 1, 9, 9, 2),  # superseded by the later emission below
+        failure_row("r1", "timeout", 1, 3, 10, 3),
+        failure_row("r1", "parse", 0, 1, 10, 1),
+        failure_row("r1", "timeout", 0, 4, 8, 1, term="format"),
+        failure_row("r2", "timeout", 1, 0, 7, 2),
+        failure_row("r1", "timeout", 5, 50, 50, 6),  # window outside [since, until)
+        failure_row("r1", "timeout", -2, 50, 50, 6),
     ]})
     since, until = iso(T0).replace("T", " "), iso(T0 + 5 * 60 * S).replace("T", " ")
     got = rows(url, "--saved", "failures-by-cause", "--param", f"since={since}", "--param", f"until={until}")
@@ -204,7 +203,7 @@ def test_failures_by_cause(url: str) -> None:
             for r in got] == [
         ("r1", "format", "timeout", 1, 4, 8, 0.5),
         ("r1", "judge", "parse", 1, 1, 10, 0.1),
-        ("r1", "judge", "timeout", 3, 6, 25, 0.24),
+        ("r1", "judge", "timeout", 2, 6, 25, 0.24),
         ("r2", "judge", "timeout", 1, 0, 7, 0.0),
     ]
 
