@@ -109,6 +109,9 @@ def _read_long(data: bytes | memoryview, pos: int) -> tuple[int, int]:
             raise DecodeError("corrupt Avro container (varint longer than 10 bytes)")
 
 
+_NAMES: dict[bytes, str] = {}  # header schema bytes -> record full name: parsed once, not per message
+
+
 def read_header(data: bytes) -> Header:
     """Parse a container's header (magic, metadata, sync marker); raises DecodeError if it is not one."""
     if data is None or len(data) < len(MAGIC) + SYNC_SIZE + 1:
@@ -136,11 +139,16 @@ def read_header(data: bytes) -> Header:
     schema_json = meta.get("avro.schema")
     if not schema_json:
         raise DecodeError("Avro container header has no avro.schema")
-    try:
-        schema = json.loads(schema_json)
-        name = full_name(f"{schema.get('namespace', NAMESPACE)}.{schema['name']}") if "." not in schema["name"] else schema["name"]
-    except Exception:
-        raise DecodeError("Avro container header's schema is not a named record") from None
+    name = _NAMES.get(schema_json)
+    if name is None:
+        try:
+            schema = json.loads(schema_json)
+            name = full_name(f"{schema.get('namespace', NAMESPACE)}.{schema['name']}") if "." not in schema["name"] else schema["name"]
+        except Exception:
+            raise DecodeError("Avro container header's schema is not a named record") from None
+        if len(_NAMES) > 1000:  # writer schemas are few; bogus headers must not grow it
+            _NAMES.clear()
+        _NAMES[schema_json] = name
     return Header(schema_json=schema_json, codec=meta.get("avro.codec", b"null").decode(), sync=bytes(data[pos:pos + SYNC_SIZE]),
                   end=pos + SYNC_SIZE, name=name)
 
