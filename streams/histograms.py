@@ -61,13 +61,17 @@ class RewardHistogram:
     zeros: int = 0
 
     def add(self, x: float) -> None:
-        i = reward_bucket(x)
         x = float(x)
+        if not -math.inf < x < math.inf:  # NaN and the infinities: reward_bucket says which
+            reward_bucket(x)
+        i = bisect_left(REWARD_BOUNDS, x)  # the hot path of the streams: reward_bucket inlined
         self.counts[i] += 1
         self.count += 1
         self.sum += x
-        self.min = _either(min, self.min, x)
-        self.max = _either(max, self.max, x)
+        if self.min is None or x < self.min:
+            self.min = x
+        if self.max is None or x > self.max:
+            self.max = x
         if i == 0:
             self.zeros += 1
 
@@ -120,6 +124,20 @@ def exp_index(value: float, scale: int) -> int:
     return min(max(index, ieee_exp << scale), ((ieee_exp + 1) << scale) - 1)
 
 
+_INDEX_CACHE: dict[tuple[float, int], int] = {}
+
+
+def _cached_index(value: float, scale: int) -> int:
+    """``exp_index``, remembered: completion lengths and durations repeat, and the log is the cost."""
+    key = (value, scale)
+    index = _INDEX_CACHE.get(key)
+    if index is None:
+        if len(_INDEX_CACHE) >= 65536:
+            _INDEX_CACHE.clear()
+        index = _INDEX_CACHE[key] = exp_index(value, scale)
+    return index
+
+
 def _downscale_needed(lo: int, hi: int, max_size: int) -> int:
     """Smallest k >= 0 such that indices lo..hi fit in max_size buckets after ``>> k``."""
     k = 0
@@ -155,17 +173,24 @@ class ExpHistogram:
             raise ValueError(f"max_size must be at least 2, got {self.max_size}")
 
     def add(self, value: float) -> None:
-        v = _finite(value)
-        if v < 0:
+        v = float(value)
+        if not 0.0 <= v < math.inf:  # NaN fails every comparison
+            v = _finite(value)
             raise ValueError(f"exponential histogram takes non-negative values, got {v!r}")
         self.count += 1
         self.sum += v
-        self.min = _either(min, self.min, v)
-        self.max = _either(max, self.max, v)
+        if self.min is None or v < self.min:
+            self.min = v
+        if self.max is None or v > self.max:
+            self.max = v
         if v == 0:
             self.zero_count += 1
             return
-        index = exp_index(v, self.scale)
+        index = _cached_index(v, self.scale)
+        rel = index - self.offset
+        if self.counts and 0 <= rel < len(self.counts):  # the common case: inside the populated span
+            self.counts[rel] += 1
+            return
         if not self.counts:
             self.offset, self.counts = index, [1]
             return
