@@ -100,31 +100,27 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
     prefix_len = len(settings.topic_prefix) + 1
     wanted = {"spans": SPAN_FIELDS}
 
-    @app.agent(topic(*RUN_TOPICS), concurrency=1)
-    async def run_agent(stream: faust.StreamT) -> None:
+    async def drive(stream: faust.StreamT, on_message: Callable[..., list[Output]],
+                    on_tick: Callable[[int, int], list[Output]]) -> None:
+        """One agent's loop: a tick or a message in, the outputs published, the offset marked done."""
         async for event in stream.events():
             msg, now = event.message, clock()
             short = msg.topic[prefix_len:]
             if short == TICKS_TOPIC:
-                await publish(runs.on_tick(msg.partition, now))
+                await publish(on_tick(msg.partition, now))
             else:
                 records = decode(event, short)
                 if records:
-                    await publish(runs.on_message(short, msg.partition, records, now))
+                    await publish(on_message(short, msg.partition, records, now))
             processed.done(msg)
+
+    @app.agent(topic(*RUN_TOPICS), concurrency=1)
+    async def run_agent(stream: faust.StreamT) -> None:
+        await drive(stream, runs.on_message, runs.on_tick)
 
     @app.agent(topic(*HARDWARE_TOPICS), concurrency=1)
     async def gpu_agent(stream: faust.StreamT) -> None:
-        async for event in stream.events():
-            msg, now = event.message, clock()
-            short = msg.topic[prefix_len:]
-            if short == TICKS_TOPIC:
-                await publish(gpus.on_tick(msg.partition, now))
-            else:
-                records = decode(event, short)
-                if records:
-                    await publish(gpus.on_message(msg.partition, records, now))
-            processed.done(msg)
+        await drive(stream, lambda short, partition, records, now: gpus.on_message(partition, records, now), gpus.on_tick)
 
     @app.timer(interval=TICK_INTERVAL_S)
     async def tick() -> None:

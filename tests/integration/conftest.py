@@ -10,16 +10,18 @@ Every test gets its own topic prefix, so tests share a broker without seeing eac
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
 from rlpulse import services
 from rlpulse.settings import Settings
+from schemas.catalogue import SINK_TOPICS
 
 
 def _docker_answers() -> str | None:
@@ -80,3 +82,24 @@ def artifacts_dir(request) -> Path:
     path = path / request.node.name.replace("/", "_")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+async def _commit_zero(settings: Settings, group: str, shorts: tuple[str, ...]) -> None:
+    from aiokafka import AIOKafkaConsumer
+
+    from schemas.topics import topic_partitions
+
+    consumer = AIOKafkaConsumer(group_id=group, enable_auto_commit=False, **settings.kafka_client_kwargs())
+    await consumer.start()
+    try:
+        tps = [tp for s in shorts for tp in await topic_partitions(consumer, settings.topic(s))]
+        consumer.assign(tps)
+        await consumer.commit({tp: 0 for tp in tps})
+    finally:
+        await consumer.stop()
+
+
+@pytest.fixture
+def rewind_sink(settings: Settings) -> Callable[[], None]:
+    """Commits offset 0 for the sink's group on every topic it reads: the next sink reads it all again."""
+    return lambda: asyncio.run(_commit_zero(settings, settings.sink_group, SINK_TOPICS))

@@ -12,13 +12,12 @@ import asyncio
 import time
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from producers import TrainingTelemetry
-from rlpulse.pipeline import SINK_TOPICS, Pipeline, wait_groups_ready
+from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
-from schemas.topics import read_topic, topic_partitions
+from schemas.topics import ensure_topics, read_topic
 from sinks.clickhouse import open_store
 
 pytestmark = pytest.mark.integration
@@ -82,17 +81,6 @@ async def _read_all(settings: Settings, short: str) -> list:
     return await read_topic(settings.kafka_client_kwargs(), settings.topic(short))
 
 
-async def _rewind_group(settings: Settings, group: str, shorts: tuple[str, ...]) -> None:
-    consumer = AIOKafkaConsumer(group_id=group, enable_auto_commit=False, **settings.kafka_client_kwargs())
-    await consumer.start()
-    try:
-        tps = [tp for s in shorts for tp in await topic_partitions(consumer, settings.topic(s))]
-        consumer.assign(tps)
-        await consumer.commit({tp: 0 for tp in tps})
-    finally:
-        await consumer.stop()
-
-
 def window_close_ns(settings: Settings) -> int:
     size = int(settings.window * 1e9)
     return (time.time_ns() // size + 1) * size + int(settings.allowed_lateness * 1e9)
@@ -127,7 +115,7 @@ def snapshot(settings: Settings) -> dict:
         }
 
 
-def test_sdk_to_clickhouse_exact_rows_failures_by_cause_dead_letter_and_replay(settings: Settings) -> None:
+def test_sdk_to_clickhouse_exact_rows_failures_by_cause_dead_letter_and_replay(settings: Settings, rewind_sink) -> None:
     ensure_topics(settings)
     with Pipeline(settings) as pipeline:
         pipeline.start()
@@ -159,7 +147,7 @@ def test_sdk_to_clickhouse_exact_rows_failures_by_cause_dead_letter_and_replay(s
     assert b"too short for an Avro container" in headers["rlpulse.reason"]
 
     # Replaying every offset through the sink leaves the same rows.
-    asyncio.run(_rewind_group(settings, settings.sink_group, SINK_TOPICS))
+    rewind_sink()
     with Pipeline(settings) as pipeline:
         pipeline.start(("sink",))
         pipeline.wait_caught_up(0)

@@ -15,12 +15,12 @@ from typing import Any
 
 import fastavro
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from rlpulse.settings import Settings
-from schemas.catalogue import SINK_TOPICS, TABLES
+from schemas.catalogue import TABLES
 from schemas.codec import Codec, load_schemas
-from schemas.topics import ensure_topics, topic_partitions
+from schemas.topics import ensure_topics
 from sinks.checkpoint import Policy
 from sinks.clickhouse import Store, migrate, open_store
 from sinks.dlq import read_dead_letters
@@ -129,17 +129,6 @@ def run_sink(settings: Settings, policy: Policy | None = None) -> SinkStats:
     return stats
 
 
-async def rewind(settings: Settings) -> None:
-    consumer = AIOKafkaConsumer(group_id=settings.sink_group, enable_auto_commit=False, **settings.kafka_client_kwargs())
-    await consumer.start()
-    try:
-        tps = [tp for s in SINK_TOPICS for tp in await topic_partitions(consumer, settings.topic(s))]
-        consumer.assign(tps)
-        await consumer.commit({tp: 0 for tp in tps})
-    finally:
-        await consumer.stop()
-
-
 def rows(store: Store, table: str, order: str, final: bool = False) -> list[dict[str, Any]]:
     result = store.client.query(f"SELECT * FROM {store.database}.{table} {'FINAL' if final else ''} ORDER BY {order}")
     return [dict(zip(result.column_names, row)) for row in result.result_rows]
@@ -231,7 +220,7 @@ def test_garbage_and_the_wrong_record_type_are_dead_lettered_and_neighbours_land
         assert [r["sequence_id"] for r in rows(store, "spans", "sequence_id")] == [1, 2, 3, 4]
 
 
-def test_a_replayed_range_leaves_the_same_rows(settings: Settings) -> None:
+def test_a_replayed_range_leaves_the_same_rows(settings: Settings, rewind_sink) -> None:
     ensure_topics(settings)
     data = samples()
     messages = [(TOPIC_OF[name], CODEC.encode(name, records)) for name, records in data.items()]
@@ -242,13 +231,13 @@ def test_a_replayed_range_leaves_the_same_rows(settings: Settings) -> None:
         first = counts(store, final=False)
     assert first["spans"] == 52 and sum(first.values()) == 52 + sum(len(r) for n, r in data.items() if n != "Span")
     # The same offsets again, cut into the same checkpoint: the dedup tokens drop the whole replay.
-    asyncio.run(rewind(settings))
+    rewind_sink()
     run_sink(settings)
     with open_store(settings.clickhouse_dsn, owner="test") as store:
         assert counts(store, final=False) == first
     # Cut differently (a checkpoint every few records): other tokens, so copies may land until a
     # merge; the ReplacingMergeTree keys make FINAL, and OPTIMIZE … FINAL, read one row per event.
-    asyncio.run(rewind(settings))
+    rewind_sink()
     run_sink(settings, Policy(max_rows=7))
     with open_store(settings.clickhouse_dsn, owner="test") as store:
         assert counts(store, final=True) == first

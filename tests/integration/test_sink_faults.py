@@ -24,7 +24,7 @@ from schemas.topics import ensure_topics
 from sinks.clickhouse import open_store
 from sinks.dlq import read_dead_letters
 # The sibling module by its own name: pytest puts tests/integration on sys.path (no __init__.py there).
-from test_sink_avro import (CODEC, NOW, PROJECT, RUN, TOPIC_OF, counts, ident, publish, rewind, rows, run_sink,
+from test_sink_avro import (CODEC, NOW, PROJECT, RUN, TOPIC_OF, counts, ident, publish, rows, run_sink,
                             samples, span, step)
 
 pytestmark = pytest.mark.integration
@@ -84,7 +84,7 @@ def killed_then_restarted(settings: Settings) -> None:
         pipeline.stop()
 
 
-def test_sigkill_between_insert_and_commit_and_a_replay_lose_and_double_nothing(settings: Settings) -> None:
+def test_sigkill_between_insert_and_commit_and_a_replay_lose_and_double_nothing(settings: Settings, rewind_sink) -> None:
     ensure_topics(settings)
     messages = workload()
     publish(settings, messages[::2], key=f"{PROJECT}/{RUN}")
@@ -103,7 +103,7 @@ def test_sigkill_between_insert_and_commit_and_a_replay_lose_and_double_nothing(
     assert [row["key"] for row in first["stalled-runs"]] == [f"{RUN}/1"]
     assert {(r["cause"], r["failures"], r["graded"]) for r in first["failures-by-cause"]} >= {("timeout", 9, 40), ("unreadable", 6, 30)}
 
-    asyncio.run(rewind(settings))  # every offset again, and again killed after one insert
+    rewind_sink()  # every offset again, and again killed after one insert
     killed_then_restarted(settings)
     assert saved_answers(settings) == first
     with open_store(settings.clickhouse_dsn, owner="test") as store:
