@@ -132,6 +132,7 @@ class RunProcessor:
         self.idle_ns = int(config.idle_s * NS)
         self.retention_ns = int(config.retention_s * NS)
         self.duplicates = 0  # records skipped by their sequence marks
+        self.applied = 0  # records applied
 
     # -- messages ----------------------------------------------------------------------------
     def on_records(self, run: Run, topic: str, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
@@ -162,6 +163,7 @@ class RunProcessor:
                     self._rollout(run, r)
             else:
                 out += self._step_event(run, r, now_ns)
+        self.applied += len(records)
         run.seen_ns = now_ns
         out += self._close(run, now_ns, idle=False)
         return out
