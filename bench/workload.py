@@ -104,6 +104,9 @@ class Writer:
         self._seq[short] += 1
         return self._seq[short]
 
+    def last(self, short: str) -> int:
+        return self._seq[short]
+
 
 def _base(project: str, run_id: str, time_ns: int, writer: Writer, short: str) -> dict[str, Any]:
     return {"project": project, "run_id": run_id, "attempt": 1, "stage": "", "time_ns": time_ns,
@@ -132,7 +135,7 @@ def span_record(project: str, run_id: str, writer: Writer, *, kind: str, time_ns
 def step_record(project: str, run_id: str, writer: Writer, *, type_: str, time_ns: int, step: int,
                 step_count: int) -> dict[str, Any]:
     record = _base(project, run_id, time_ns, writer, "steps")
-    record.update({"type": type_, "trainer": "rl", "step": step, "step_count": step_count, "tokens": 0,
+    record.update({"type": type_, "trainer": "rl", "step": step, "step_count": step_count, "tokens": 0, "spans_sent": 0,
                    "duration_s": 0.0, "throughput": 0.0, "mfu": None, "dropped_events": 0})
     if type_ == "STEP":
         record.update(tokens=100_000, duration_s=20.0, throughput=5000.0, mfu=0.4)
@@ -191,8 +194,10 @@ def messages(config: WorkloadConfig, now_ns: int) -> Iterator[Message]:
                 steps.append(step_record(config.project, run, writer, type_="STEP", time_ns=step_start + step_ns - 1,
                                          step=step, step_count=step + 1))
             if chunk == chunks - 1:
-                steps.append(step_record(config.project, run, writer, type_="RUN_END", time_ns=start + config.steps * step_ns,
-                                         step=-1, step_count=config.steps))
+                end = step_record(config.project, run, writer, type_="RUN_END", time_ns=start + config.steps * step_ns,
+                                  step=-1, step_count=config.steps)
+                end["spans_sent"] = writer.last("spans")  # as the SDK's RUN_END says: its spans are all in then
+                steps.append(end)
             yield Message("spans", key, "Span", spans)
             yield Message("steps", key, "Step", steps)
 

@@ -86,6 +86,11 @@ class EventQueue:
                 self._wake()
         return True
 
+    def last_sequence(self, stream: int) -> int:
+        """The last sequence id given in ``stream`` (0 when none): RUN_END tells the streams so."""
+        with self._lock:
+            return self._next_seq[stream]
+
     def _count_drop(self) -> None:
         self.dropped += 1
         now = time.monotonic()

@@ -351,8 +351,11 @@ class TrainingTelemetry:
                     mfu: float | None = None, completed: int = 0) -> None:
         with self._step_lock:  # so step_count and the sequence id rise together across threads
             self.step_count += completed
-            self._put(STEPS, self._step_channel, (self._clock(), type_, step, self.step_count, tokens, duration_s, mfu),
-                      STEP_QUEUED_BYTES)
+            # RUN_END says how many spans this writer numbered, so the streams can close the run as
+            # soon as they have applied the last one instead of waiting for it to go quiet.
+            spans_sent = self._sender.queue.last_sequence(SPANS) if type_ == "RUN_END" else 0
+            self._put(STEPS, self._step_channel,
+                      (self._clock(), type_, step, self.step_count, tokens, duration_s, mfu, spans_sent), STEP_QUEUED_BYTES)
 
     def _heartbeat_loop(self) -> None:
         while not self._stop_heartbeat.wait(self.settings.heartbeat_interval):
@@ -387,8 +390,8 @@ class TrainingTelemetry:
                 "sequence_id": seq}
 
     def _build_step(self, seq: int, a: tuple) -> dict[str, Any]:
-        now, type_, step, step_count, tokens, duration_s, mfu = a
-        return {**self._step_base, "sequence_id": seq, "time_ns": now, "type": type_, "step": step,
+        now, type_, step, step_count, tokens, duration_s, mfu, spans_sent = a
+        return {**self._step_base, "sequence_id": seq, "time_ns": now, "type": type_, "step": step, "spans_sent": spans_sent,
                 "step_count": step_count, "tokens": tokens, "duration_s": duration_s,
                 "throughput": tokens / duration_s if duration_s > 0 else 0.0, "mfu": mfu,
                 "dropped_events": self._sender.dropped}

@@ -17,6 +17,9 @@ once per message. Time comes in as ``now_ns``; nothing here knows Kafka or Faust
   its end plus the allowed lateness; a step when progress passes the step's end (its STEP event,
   a later step's first rollout, or RUN_END) plus the lateness. A backlog is therefore counted
   exactly however late it is processed.
+* **Ended runs** close at once: a writer's RUN_END names the last ``sequence_id`` it gave a span
+  (``spans_sent``); when every stream of the run has ended and all it numbered is applied,
+  nothing more will come, and every window and step of the run closes.
 * **Idle runs** close by the wall clock: no message of the run for ``idle_s`` (from this
   processor's own start at the earliest, so our downtime never closes anything early).
 * **Late data** for a closed window or step that is still retained updates it and re-emits it
@@ -42,6 +45,9 @@ log = logging.getLogger(__name__)
 SPAN_FIELDS = frozenset({"project", "run_id", "attempt", "time_ns", "kind", "term", "outcome", "step", "start_time_ns",
                          "end_time_ns", "reward", "clipped", "completion_tokens", "term_shares", "sample_id",
                          "sequence_id", "writer_id"})
+
+
+ALL_IN = 2**62  # the progress of a run whose writers have all ended and whose every event is in
 
 
 class Output(NamedTuple):
@@ -89,6 +95,9 @@ class Run:
         self.rules: dict[str, dict] = {}
         self.alerts: dict[str, dict] = {}
         self.ended: list[int] = []  # attempts that sent RUN_END
+        # stream -> the last sequence_id it will ever have (from its writer's RUN_END): once applied,
+        # the stream is complete and holds nothing back
+        self.finished: dict[str, int] = {}
         self.late_dropped = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,7 +107,7 @@ class Run:
                 "steps": {k: s.to_dict() for k, s in self.steps.items()}, "step_ends": self.step_ends,
                 "max_step": self.max_step, "retired_steps": self.retired_steps,
                 "retired_windows": self.retired_windows, "stalls": self.stalls, "rules": self.rules, "alerts": self.alerts,
-                "ended": self.ended, "late_dropped": self.late_dropped}
+                "ended": self.ended, "finished": self.finished, "late_dropped": self.late_dropped}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Run":
@@ -111,6 +120,7 @@ class Run:
         run.retired_steps, run.retired_windows = dict(d["retired_steps"]), dict(d["retired_windows"])
         run.stalls, run.rules, run.alerts = dict(d["stalls"]), dict(d["rules"]), dict(d["alerts"])
         run.ended, run.late_dropped = list(d["ended"]), d["late_dropped"]
+        run.finished = dict(d.get("finished", {}))
         return run
 
     def ident(self, attempt: int) -> dict[str, Any]:
@@ -214,6 +224,11 @@ class RunProcessor:
         elif event["type"] == "RUN_END":
             if event["attempt"] not in run.ended:
                 run.ended.append(event["attempt"])
+            writer = event.get("writer_id", "")
+            if event.get("sequence_id"):  # the writer's steps end here
+                run.finished[f"steps|{attempt}|{writer}"] = event["sequence_id"]
+            if event.get("spans_sent"):  # and its spans at the id it names
+                run.finished[f"spans|{attempt}|{writer}"] = event["spans_sent"]
             for k, f in run.steps.items():
                 if k.split("|")[0] == attempt and f.end_ns is None:
                     f.end_ns = event["time_ns"]
@@ -257,9 +272,13 @@ class RunProcessor:
     def _progress(self, run: Run) -> int | None:
         if not run.progress:
             return None
+        finished, marks = run.finished, run.marks
+        open_streams = [(t, r) for k, (t, r) in run.progress.items() if k not in finished or marks.get(k, 0) < finished[k]]
+        if not open_streams:  # every writer sent RUN_END and all it numbered is in: nothing more will come
+            return ALL_IN
         resumed = self.resumed_ns  # after a restart every stream counts as heard from at the restart
-        latest = max(max(r, resumed) for _, r in run.progress.values())
-        return min(t for t, r in run.progress.values() if max(r, resumed) >= latest - self.idle_ns)
+        latest = max(max(r, resumed) for _, r in open_streams)
+        return min(t for t, r in open_streams if max(r, resumed) >= latest - self.idle_ns)
 
     def _close(self, run: Run, now_ns: int, idle: bool) -> list[Output]:
         progress = self._progress(run)

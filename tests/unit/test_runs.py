@@ -220,3 +220,19 @@ def test_one_topic_read_to_its_end_before_the_other_is_exact(first):
     assert figures(h) == truth
     [run] = h.table.values()
     assert run["late_dropped"] == 0
+
+
+def test_a_run_whose_writer_ended_and_whose_spans_are_all_in_closes_at_once():
+    """RUN_END names the last span sequence id: no wall-clock wait once that span is applied."""
+    h = Harness(CONFIG)
+    job = Job()
+    messages, truth = workload(job, steps=3)
+    *body, (_, [end]) = messages
+    end["spans_sent"] = job.seq["spans"]
+    last_spans = max(i for i, (topic, _) in enumerate(body) if topic == "spans")
+    for topic, records in body[:last_spans] + body[last_spans + 1:]:  # the last span message is held back
+        h.feed(topic, records)
+    h.feed("steps", [end])
+    assert figures(h) != truth  # the RUN_END is in, but not every span it names: still open
+    h.feed(*body[last_spans])
+    assert figures(h) == truth  # no tick, no wall clock: closed because everything is in
