@@ -25,7 +25,7 @@ class StepFigures:
 
     __slots__ = ("rollouts", "clipped", "reward_sum", "reward_sumsq", "completions", "completion_sum",
                  "completion_min", "completion_max", "hist", "lengths", "samples", "samples_dropped",
-                 "terms_dropped", "end_ns", "closed", "dirty")
+                 "terms_dropped", "end_ns", "closed", "dirty", "_dicts")
 
     def __init__(self) -> None:
         self.rollouts = self.clipped = self.completions = self.completion_sum = 0
@@ -39,8 +39,12 @@ class StepFigures:
         self.end_ns: int | None = None  # event time the step ended: its STEP event, or a later step's first rollout
         self.closed = False  # emitted as complete (the alert rules have seen it)
         self.dirty = False  # changed since it was emitted
+        # The histograms as plain dicts, kept until the next rollout: a run's state is written
+        # once per message, and most messages leave most of a run's steps unchanged.
+        self._dicts: tuple[dict, dict] | None = None
 
     def add(self, span: dict[str, Any]) -> None:
+        self._dicts = None
         reward = float(span["reward"])
         self.rollouts += 1
         if span.get("clipped"):
@@ -86,10 +90,13 @@ class StepFigures:
         h.add(x)
 
     def to_dict(self) -> dict[str, Any]:
+        if self._dicts is None:
+            self._dicts = ({t: h.to_dict() for t, h in self.hist.items()}, self.lengths.to_dict())
+        hist, lengths = self._dicts
         return {"rollouts": self.rollouts, "clipped": self.clipped, "reward_sum": self.reward_sum,
                 "reward_sumsq": self.reward_sumsq, "completions": self.completions, "completion_sum": self.completion_sum,
                 "completion_min": self.completion_min, "completion_max": self.completion_max,
-                "hist": {t: h.to_dict() for t, h in self.hist.items()}, "lengths": self.lengths.to_dict(),
+                "hist": hist, "lengths": lengths,
                 "samples": self.samples, "samples_dropped": self.samples_dropped, "terms_dropped": self.terms_dropped,
                 "end_ns": self.end_ns, "closed": self.closed, "dirty": self.dirty}
 
@@ -152,7 +159,7 @@ def _std(n: int, s: float, sq: float) -> float:
 class GraderWindow:
     """Grader outcomes of one (attempt, term) in one tumbling event-time window."""
 
-    __slots__ = ("graded", "causes", "durations", "closed", "dirty")
+    __slots__ = ("graded", "causes", "durations", "closed", "dirty", "_durations_dict")
 
     def __init__(self) -> None:
         self.graded = 0
@@ -160,8 +167,10 @@ class GraderWindow:
         self.durations = ExpHistogram()
         self.closed = False
         self.dirty = False
+        self._durations_dict: dict[str, Any] | None = None  # as StepFigures keeps its histograms' dicts
 
     def add(self, span: dict[str, Any]) -> None:
+        self._durations_dict = None
         self.graded += 1
         self.durations.add(max(span["end_time_ns"] - span["start_time_ns"], 0) / NS)
         outcome = span.get("outcome") or "ok"
@@ -176,7 +185,9 @@ class GraderWindow:
         return sum(self.causes.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"graded": self.graded, "causes": self.causes, "durations": self.durations.to_dict(),
+        if self._durations_dict is None:
+            self._durations_dict = self.durations.to_dict()
+        return {"graded": self.graded, "causes": dict(self.causes), "durations": self._durations_dict,
                 "closed": self.closed, "dirty": self.dirty}
 
     @classmethod
