@@ -7,13 +7,9 @@ once per message. Time comes in as ``now_ns``; nothing here knows Kafka or Faust
 * **Replays** are skipped by sequence marks: the highest ``sequence_id`` applied per (topic,
   attempt, writer). A redelivered message, a replayed offset range after a crash, or a producer
   retry changes nothing. A record without a sequence (``sequence_id`` 0) is always applied.
-* **Event time** decides lateness. A run's progress is the event time of its slowest active
-  stream (topic, attempt, writer), as a watermark is the minimum over its inputs. A stream is
-  active while messages of it keep arriving: one that has sent nothing for ``idle_s`` (wall
-  clock, from this processor's start at the earliest) while the run's other streams did, no
-  longer holds the run back (a writer that stopped, or a topic already read to its end). Event
-  time alone cannot say this: the spans and steps topics are read independently, so in a
-  backlog one topic's streams can be far ahead of the other's without anything being lost. A grader window closes when progress passes
+* **Event time** decides lateness. A run's progress is the span time of its slowest writer
+  (each writer's spans arrive in order), as a watermark is the minimum over its inputs; the
+  steps topic, read independently and often far ahead in a backlog, does not move it. A grader window closes when progress passes
   its end plus the allowed lateness; a step when progress passes the step's end (its STEP event,
   a later step's first rollout, or RUN_END) plus the lateness. A backlog is therefore counted
   exactly however late it is processed.
@@ -270,15 +266,24 @@ class RunProcessor:
 
     # -- closing -----------------------------------------------------------------------------
     def _progress(self, run: Run) -> int | None:
-        if not run.progress:
-            return None
+        """How far the run's spans are complete, in event time; None before any span.
+
+        Only the spans streams count: the steps topic is read independently and, in a backlog,
+        can be far ahead of the spans without saying anything about them (a step's STEP event
+        still sets its end). A writer's spans arrive in time order, so its highest span time is
+        how far its spans are in. A spans stream that has ended (its RUN_END named its last id
+        and that id is applied) holds nothing back; one not heard from for the retention while
+        the run's other spans streams were (a writer that died without RUN_END) no longer does.
+        """
         finished, marks = run.finished, run.marks
-        open_streams = [(t, r) for k, (t, r) in run.progress.items() if k not in finished or marks.get(k, 0) < finished[k]]
-        if not open_streams:  # every writer sent RUN_END and all it numbered is in: nothing more will come
-            return ALL_IN
+        open_streams = [(t, r) for k, (t, r) in run.progress.items()
+                        if k.startswith("spans|") and (k not in finished or marks.get(k, 0) < finished[k])]
+        if not open_streams:
+            # every writer that sent spans ended and all it numbered is in: nothing more will come
+            return ALL_IN if any(k.startswith("spans|") for k in run.progress) else None
         resumed = self.resumed_ns  # after a restart every stream counts as heard from at the restart
         latest = max(max(r, resumed) for _, r in open_streams)
-        return min(t for t, r in open_streams if max(r, resumed) >= latest - self.idle_ns)
+        return min(t for t, r in open_streams if max(r, resumed) >= latest - self.retention_ns)
 
     def _close(self, run: Run, now_ns: int, idle: bool) -> list[Output]:
         progress = self._progress(run)

@@ -236,3 +236,25 @@ def test_a_run_whose_writer_ended_and_whose_spans_are_all_in_closes_at_once():
     assert figures(h) != truth  # the RUN_END is in, but not every span it names: still open
     h.feed(*body[last_spans])
     assert figures(h) == truth  # no tick, no wall clock: closed because everything is in
+
+
+def test_sparse_spans_with_the_steps_topic_far_ahead_are_exact():
+    """In a big backlog a run's span messages can be seconds apart while its steps topic races ahead."""
+    h = Harness(CONFIG)
+    job = Job()
+    messages, truth = workload(job, steps=6)
+    spans = [m for m in messages if m[0] == "spans"]
+    steps = [m for m in messages if m[0] == "steps"]
+    for message in steps[:-1]:  # every STEP (not yet RUN_END) is in before most spans: far ahead
+        h.feed(*message)
+    ahead = steps[-2][1][0]["time_ns"]
+    for message in spans:
+        h.feed(*message)
+        for wait in (4, 2):  # the run's next span message is 6 s away; its heartbeats keep coming
+            h.advance(wait)
+            h.feed("steps", [dict(job.step(0, "HEARTBEAT", count=6), time_ns=ahead)])
+    h.feed(*steps[-1])
+    h.advance(10)
+    assert figures(h) == truth
+    [run] = h.table.values()
+    assert run["late_dropped"] == 0
