@@ -45,6 +45,9 @@ FAUST_TUNING: dict[str, Any] = {
     # processor sat idle waiting for messages, 29,741 events/s end to end; with Faust's 500 (and
     # its 4,096 buffer), 43,887; with 2,000, 47,909. Streams peak RSS 188 MiB against 99.
     "broker_max_poll_records": 2000,
+    # Fetch up to 8 MiB a partition (Faust: 1 MiB, about 30 of our containers): one drain went from
+    # 47,270 to 62,606 events/s (streams peak RSS 199 -> 221 MiB).
+    "consumer_max_fetch_size": 8 * 1024 * 1024,
 }
 
 
