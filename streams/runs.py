@@ -9,10 +9,10 @@ once per message. Time comes in as ``now_ns``; nothing here knows Kafka or Faust
   retry changes nothing. A record without a sequence (``sequence_id`` 0) is always applied.
 * **Event time** decides lateness. A run's progress is the span time of its slowest writer
   (each writer's spans arrive in order), as a watermark is the minimum over its inputs; the
-  steps topic, read independently and often far ahead in a backlog, does not move it. A grader window closes when progress passes
-  its end plus the allowed lateness; a step when progress passes the step's end (its STEP event,
-  a later step's first rollout, or RUN_END) plus the lateness. A backlog is therefore counted
-  exactly however late it is processed.
+  steps topic, read independently and often far ahead in a backlog, does not move it. A grader
+  window closes when progress passes its end plus the allowed lateness; a step when progress
+  passes the step's end (its STEP event, a later step's first rollout, or RUN_END) plus the
+  lateness. A backlog is therefore counted exactly however late it is processed.
 * **Ended runs** close at once: a writer's RUN_END names the last ``sequence_id`` it gave a span
   (``spans_sent``); when every stream of the run has ended and all it numbered is applied,
   nothing more will come, and every window and step of the run closes.
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 SPAN_FIELDS = frozenset({"project", "run_id", "attempt", "time_ns", "kind", "term", "outcome", "step", "start_time_ns",
                          "end_time_ns", "reward", "clipped", "completion_tokens", "term_shares", "sample_id",
                          "sequence_id", "writer_id"})
-
 
 ALL_IN = 2**62  # the progress of a run whose writers have all ended and whose every event is in
 
