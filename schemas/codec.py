@@ -186,18 +186,19 @@ def _long_bytes(n: int) -> bytes:
     return bytes(out)
 
 
-def concat(messages: list[bytes]) -> bytes:
+def concat(messages: list[bytes], headers: list[Header] | None = None) -> bytes:
     """One container holding the records of ``messages``, which share one writer schema and codec.
 
     Blocks are copied as they are, under the first message's header and sync marker, so this
     costs a memory copy, not a decode (the sink hands the result to ClickHouse in one insert).
+    ``headers``, when the caller has already read them, saves reading them again.
     """
     if len(messages) == 1:
         return messages[0]
-    first = read_header(messages[0])
+    headers = headers or [read_header(data) for data in messages]
+    first = headers[0]
     out = bytearray(messages[0][:first.end])
-    for data in messages:
-        header = first if data is messages[0] else read_header(data)
+    for data, header in zip(messages, headers):
         if header.schema_json != first.schema_json or header.codec != first.codec:
             raise ValueError("concat needs containers with one writer schema and codec")
         for count, body in blocks(data, header):

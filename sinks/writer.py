@@ -169,9 +169,11 @@ class TableWriter:
     async def _insert(self, plan: InsertPlan, schema_json: bytes, group: list[Entry]) -> None:
         backoff, others = 0.2, 0
         dedup = token(self.table, schema_json, group)
+        data: bytes | None = None
         while True:
             try:
-                data = concat([e.msg.value for e in group])
+                if data is None:  # once, not on every retry; a failure here is classified like the insert's
+                    data = concat([e.msg.value for e in group], [e.header for e in group])
                 await asyncio.to_thread(self._inserter.insert, plan, data, dedup)
                 self.rows += sum(e.records for e in group)
                 return
