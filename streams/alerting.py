@@ -49,11 +49,19 @@ class AlertBook:
         return json.dumps([rule, key], separators=(",", ":"))
 
     def fire(self, rule: str, key: str, *, now_ns: int, value: float, threshold: float, summary: str,
-             severity: str = "warning", project: str = "", run_id: str = "", attempt: int = 0) -> dict | None:
+             severity: str = "warning", project: str = "", run_id: str = "", attempt: int = 0,
+             since_ns: int | None = None) -> dict | None:
         """The FIRING record when this opens an episode; None while the episode is already open.
 
         An open episode still gets ``last_seen_ns`` and ``value`` updated, so the RESOLVED record
         says when the condition was last seen to hold.
+
+        ``since_ns`` (default ``now_ns``) becomes ``first_seen_ns``: when the condition began, as
+        the inputs say (a step's or window's event time, a sample's time, the last report plus
+        the silence limit). The sink keys alerts on (rule, key, first_seen_ns, state), so an
+        episode fired again after a crash lost the state write that recorded it (the output was
+        sent, the changelog write was not) lands on the same row instead of opening a second,
+        never-resolved one.
         """
         book_key = self._key(rule, key)
         current = self.state.get(book_key)
@@ -63,7 +71,7 @@ class AlertBook:
         entry = {
             "rule": rule, "key": key, "severity": severity, "summary": summary, "value": float(value),
             "threshold": float(threshold), "project": project, "run_id": run_id, "attempt": int(attempt),
-            "first_seen_ns": now_ns, "last_seen_ns": now_ns,
+            "first_seen_ns": now_ns if since_ns is None else int(since_ns), "last_seen_ns": now_ns,
         }
         self.state[book_key] = entry
         return _record(entry, "FIRING", now_ns)
@@ -105,11 +113,12 @@ def _utc(t_ns: int) -> str:
 
 
 def grader_failure_rate(book: AlertBook, window: dict[str, Any], thresholds: AlertThresholds,
-                        now_ns: int) -> list[dict]:
+                        now_ns: int, since_ns: int | None = None) -> list[dict]:
     """Failure rate of one closed window of one term (totals over causes and partitions).
 
     A window with fewer than ``grader_min_graded`` scores says nothing: it neither fires nor
     resolves. Windows are expected in close order, which is start order (same size for all).
+    ``since_ns``: the episode's first_seen_ns (the run processor passes the window's end).
     """
     graded, failures = window["graded"], window["failures"]
     if graded <= 0 or graded < thresholds.grader_min_graded:
@@ -123,20 +132,26 @@ def grader_failure_rate(book: AlertBook, window: dict[str, Any], thresholds: Ale
             summary=f"term {window['term']}: {failures} of {graded} scores failed ({rate:.0%}) "
                     f"in the window from {_utc(window['window_start_ns'])}",
             severity=SEVERITY["grader_failure_rate"], project=window["project"], run_id=window["run_id"],
-            attempt=window["attempt"]))
+            attempt=window["attempt"], since_ns=since_ns))
     return _emit(book.resolve(
         "grader_failure_rate", key, now_ns=now_ns, value=rate,
         summary=f"term {window['term']}: failure rate back to {rate:.0%} ({failures} of {graded})"))
 
 
 def hardware(book: AlertBook, state: MutableMapping[str, dict], sample: dict[str, Any],
-             thresholds: AlertThresholds, now_ns: int) -> list[dict]:
+             thresholds: AlertThresholds, now_ns: int, since_ns: int | None = None) -> list[dict]:
     """XID and hardware-slowdown rules for one GpuSample; ``state`` is keyed by ``hw_id``.
 
     The XID count is published from zero, so the first sample with ``xid_errors > 0`` fires. A
     count below the one seen before (the poller restarted and counts from zero again) is taken
     as the new baseline without firing. The quiet period runs from the processing time at which
     the last increase was seen.
+
+    A sample that raises the XID count is the poller's at-once XID report, published between
+    its regular exports: its ``throttle_reasons`` is one instantaneous reading (or none at all),
+    not the OR over an export interval, so it may open a slowdown episode but never closes one;
+    the next regular export says whether the slowdown is over. ``since_ns``: the first_seen_ns
+    of an episode this sample opens (the hardware stage passes the sample's time).
     """
     hw_id = sample["hw_id"]
     ident = {"project": sample.get("project", ""), "run_id": sample.get("run_id", ""),
@@ -145,7 +160,8 @@ def hardware(book: AlertBook, state: MutableMapping[str, dict], sample: dict[str
     count = int(sample.get("xid_errors") or 0)
     out: list[dict | None] = []
     new = {**seen, **ident, "xid_errors": count}
-    if count > seen["xid_errors"]:
+    xid_report = count > seen["xid_errors"]
+    if xid_report:
         new["xid_last"] = sample.get("xid_last")
         new["xid_increased_ns"] = now_ns
         code = new["xid_last"]
@@ -153,7 +169,7 @@ def hardware(book: AlertBook, state: MutableMapping[str, dict], sample: dict[str
             "xid", hw_id, now_ns=now_ns, value=float(code or 0), threshold=0.0,
             summary=f"XID {code} on GPU {hw_id} (index {sample.get('index')}, host {sample.get('host', '')}); "
                     f"{count} XIDs since the count started",
-            severity=SEVERITY["xid"], **ident))
+            severity=SEVERITY["xid"], since_ns=since_ns, **ident))
     if new != seen:  # most samples change nothing; skip the changelog write for them
         state[hw_id] = new
     out.extend(_xid_quiet(book, hw_id, new, thresholds, now_ns))
@@ -163,8 +179,8 @@ def hardware(book: AlertBook, state: MutableMapping[str, dict], sample: dict[str
         out.append(book.fire(
             "hw_slowdown", hw_id, now_ns=now_ns, value=float(reasons), threshold=float(SLOWDOWN_BIT),
             summary=f"GPU {hw_id} clocks held down by hardware slowdown (throttle reasons {reasons:#x})",
-            severity=SEVERITY["hw_slowdown"], **ident))
-    else:
+            severity=SEVERITY["hw_slowdown"], since_ns=since_ns, **ident))
+    elif not xid_report:
         out.append(book.resolve(
             "hw_slowdown", hw_id, now_ns=now_ns, value=float(reasons),
             summary=f"GPU {hw_id} no longer in hardware slowdown (throttle reasons {reasons:#x})"))
@@ -190,7 +206,7 @@ def _xid_quiet(book: AlertBook, hw_id: str, seen: dict, thresholds: AlertThresho
 
 
 def step_rules(book: AlertBook, state: MutableMapping[str, dict], step_stats: dict[str, Any],
-               thresholds: AlertThresholds, now_ns: int) -> list[dict]:
+               thresholds: AlertThresholds, now_ns: int, since_ns: int | None = None) -> list[dict]:
     """Clipped-ratio-rising and reward-collapse rules for one per-step stats update.
 
     ``state`` is keyed ``project/run_id/attempt`` and keeps the latest step, its clipped ratio and the
@@ -198,6 +214,8 @@ def step_rules(book: AlertBook, state: MutableMapping[str, dict], step_stats: di
     latest step is measured against the step before it again, so it never counts twice; an
     update of an older step is ignored (it would rewrite history the rules already acted on).
     Steps are consecutive in arrival order: a gap in step numbers is not a break in the run.
+    ``since_ns``: the first_seen_ns of an episode this step opens (the run processor passes the
+    step's event time).
     """
     run_id, attempt = step_stats["run_id"], step_stats["attempt"]
     key = f"{step_stats.get('project', '')}/{run_id}/{attempt}"
@@ -225,7 +243,7 @@ def step_rules(book: AlertBook, state: MutableMapping[str, dict], step_stats: di
         out.append(book.fire(
             "clipped_ratio_rising", key, now_ns=now_ns, value=float(ratio), threshold=float(k),
             summary=f"clipped ratio rose {rises} steps in a row to {ratio:.3f} at step {step}",
-            severity=SEVERITY["clipped_ratio_rising"], **ident))
+            severity=SEVERITY["clipped_ratio_rising"], since_ns=since_ns, **ident))
     elif rises == 0 and ratio is not None:
         out.append(book.resolve(
             "clipped_ratio_rising", key, now_ns=now_ns, value=float(ratio),
@@ -238,7 +256,7 @@ def step_rules(book: AlertBook, state: MutableMapping[str, dict], step_stats: di
             out.append(book.fire(
                 "reward_collapse", key, now_ns=now_ns, value=float(zero), threshold=limit,
                 summary=f"{zero:.0%} of rewards at step {step} are <= 0",
-                severity=SEVERITY["reward_collapse"], **ident))
+                severity=SEVERITY["reward_collapse"], since_ns=since_ns, **ident))
         else:
             out.append(book.resolve(
                 "reward_collapse", key, now_ns=now_ns, value=float(zero),

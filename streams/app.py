@@ -6,7 +6,10 @@
 * ``gpus`` agent: ``hardware`` and ``ticks``; XID and slowdown alerts per GPU.
 * A timer sends one tick to every partition of ``ticks`` twice a second: a Faust table can only
   be written while an event of its partition is processed, and idle runs, stalls and silence
-  need the wall clock.
+  need the wall clock. A partition's runs get no wall-clock work until this worker has read
+  what was waiting on it when it got it (``ProcessedOffsets.caught_up``): after a restart the
+  rebalance alone takes ``broker_session_timeout``, and a run whose messages are still in Kafka
+  is neither idle nor silent.
 
 Processing is at-least-once (``concurrency=1``); replays are skipped by the sequence marks kept
 in each run's state, and Faust flushes its producer (outputs and changelog) before it commits.
@@ -18,9 +21,10 @@ import logging
 import sys
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import faust
+from faust.types import TP
 
 from rlpulse.settings import Settings
 from schemas.catalogue import BY_SHORT, DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
@@ -105,26 +109,33 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
     wanted = {"spans": SPAN_FIELDS}
 
     async def drive(stream: faust.StreamT, on_message: Callable[..., list[Output]],
-                    on_tick: Callable[[int, int], list[Output]]) -> None:
+                    on_tick: Callable[[int, int], Awaitable[list[Output]]]) -> None:
         """One agent's loop: a tick or a message in, the outputs published, the offset marked done."""
         async for event in stream.events():
             msg, now = event.message, clock()
             short = msg.topic[prefix_len:]
             if short == TICKS_TOPIC:
-                await publish(on_tick(msg.partition, now))
+                await publish(await on_tick(msg.partition, now))
             else:
                 records = decode(event, short)
                 if records:
                     await publish(on_message(short, msg.partition, records, now))
             processed.done(msg)
 
+    async def run_tick(partition: int, now: int) -> list[Output]:
+        sources = [TP(settings.topic(short), partition) for short in RUN_TOPICS if short != TICKS_TOPIC]
+        return runs.on_tick(partition, now, caught_up=await processed.caught_up(app.consumer, sources))
+
+    async def gpu_tick(partition: int, now: int) -> list[Output]:
+        return gpus.on_tick(partition, now)
+
     @app.agent(topic(*RUN_TOPICS), concurrency=1)
     async def run_agent(stream: faust.StreamT) -> None:
-        await drive(stream, runs.on_message, runs.on_tick)
+        await drive(stream, runs.on_message, run_tick)
 
     @app.agent(topic(*HARDWARE_TOPICS), concurrency=1)
     async def gpu_agent(stream: faust.StreamT) -> None:
-        await drive(stream, lambda short, partition, records, now: gpus.on_message(partition, records, now), gpus.on_tick)
+        await drive(stream, lambda short, partition, records, now: gpus.on_message(partition, records, now), gpu_tick)
 
     @app.timer(interval=TICK_INTERVAL_S)
     async def tick() -> None:

@@ -1,4 +1,7 @@
-"""Commits the offsets this worker has processed when Faust's own commit falls behind.
+"""Where this worker stands on its partitions: what it processed, committing what Faust has not,
+and whether it has caught up with what was waiting when it got them.
+
+Commits the offsets this worker has processed when Faust's own commit falls behind.
 
 faust-streaming 0.15.3 can stop committing a partition after a rebalance (faust-streaming #318,
 robinhood/faust #681: its acked-offset bookkeeping keeps a stale entry). The figures stay exact
@@ -21,6 +24,9 @@ log = logging.getLogger(__name__)
 class ProcessedOffsets:
     def __init__(self) -> None:
         self.positions: dict[Any, int] = {}  # TP -> offset after the last message processed here
+        # TP -> the end of the log when this worker got the partition: reached, it has caught up
+        self.targets: dict[Any, int] = {}
+        self._starts: dict[Any, int] = {}  # TP -> log start, for a partition the group never committed
 
     def done(self, message: Any) -> None:
         self.positions[message.tp] = message.offset + 1
@@ -29,6 +35,37 @@ class ProcessedOffsets:
         """Partitions revoked: their positions belong to whoever gets them next."""
         for tp in tps:
             self.positions.pop(tp, None)
+            self.targets.pop(tp, None)
+            self._starts.pop(tp, None)
+
+    async def caught_up(self, consumer: Any, tps: list[Any]) -> bool:
+        """True once every message that was in ``tps`` when this worker got them is processed.
+
+        After a restart that is the uncommitted range and all that was published while no
+        worker ran; after a rebalance, what the previous owner left. The first call after an
+        assignment fixes the target (the log end offsets then) and answers False, so the caller
+        sees each (re)assignment as a catch-up, however short. Live traffic that arrives later
+        does not hold the answer back: a busy partition is never "behind" for ever.
+        """
+        missing = [tp for tp in tps if tp not in self.targets]
+        if missing:
+            try:
+                self.targets.update(await consumer.highwaters(*missing))
+            except Exception as exc:  # noqa: BLE001 - a rebalance under way, the broker briefly away: ask again next tick
+                log.debug("end offsets of %s not known yet: %s", missing, exc)
+            return False
+        committed = consumer._committed_offset  # noqa: SLF001 - see the module docstring
+        for tp in tps:
+            done = self.positions.get(tp)
+            if done is None:
+                done = committed.get(tp)
+            if done is None:  # never committed: reading starts at the log's start
+                if tp not in self._starts:
+                    self._starts.update(await consumer.earliest_offsets(tp))
+                done = self._starts.get(tp, 0)
+            if done < self.targets[tp]:
+                return False
+        return True
 
     async def commit_behind(self, consumer: Any) -> dict[Any, int]:
         """Commit what Faust has not; returns what was committed here."""

@@ -25,7 +25,7 @@ class StepFigures:
 
     __slots__ = ("rollouts", "clipped", "reward_sum", "reward_sumsq", "completions", "completion_sum",
                  "completion_min", "completion_max", "hist", "lengths", "samples", "samples_dropped",
-                 "terms_dropped", "end_ns", "closed", "dirty", "_dicts")
+                 "terms_dropped", "end_ns", "last_ns", "closed", "dirty", "_dicts")
 
     def __init__(self) -> None:
         self.rollouts = self.clipped = self.completions = self.completion_sum = 0
@@ -37,14 +37,36 @@ class StepFigures:
         self.samples: dict[str, list] = {}  # sample_id -> [n, min, max, sum, sum of squares]
         self.samples_dropped = self.terms_dropped = 0
         self.end_ns: int | None = None  # event time the step ended: its STEP event, or a later step's first rollout
+        self.last_ns = 0  # event time of its latest rollout: when an alert about the step was first seen
         self.closed = False  # emitted as complete (the alert rules have seen it)
         self.dirty = False  # changed since it was emitted
         # The histograms as plain dicts, kept until the next rollout: a run's state is written
         # once per message, and most messages leave most of a run's steps unchanged.
         self._dicts: tuple[dict, dict] | None = None
 
+    @staticmethod
+    def invalid(span: dict[str, Any]) -> str | None:
+        """Why a ROLLOUT span cannot be counted (None if it can), checked before anything is changed.
+
+        The SDK refuses these at the call; another writer's record must not crash the worker
+        or leave a step half-updated.
+        """
+        reward = span["reward"]
+        if not -math.inf < reward < math.inf:  # NaN fails both comparisons
+            return f"reward {reward!r} is not finite"
+        shares = span.get("term_shares")
+        # one C-level sum instead of a Python loop: NaN or an infinity in any share makes it non-finite
+        if shares and not -math.inf < sum(shares.values()) < math.inf:
+            return f"term_shares {shares!r} are not all finite"
+        tokens = span.get("completion_tokens")
+        if tokens is not None and tokens < 0:
+            return f"completion_tokens {tokens} is negative"
+        return None
+
     def add(self, span: dict[str, Any]) -> None:
         self._dicts = None
+        if span["time_ns"] > self.last_ns:
+            self.last_ns = span["time_ns"]
         reward = float(span["reward"])
         self.rollouts += 1
         if span.get("clipped"):
@@ -98,7 +120,7 @@ class StepFigures:
                 "completion_min": self.completion_min, "completion_max": self.completion_max,
                 "hist": hist, "lengths": lengths,
                 "samples": self.samples, "samples_dropped": self.samples_dropped, "terms_dropped": self.terms_dropped,
-                "end_ns": self.end_ns, "closed": self.closed, "dirty": self.dirty}
+                "end_ns": self.end_ns, "last_ns": self.last_ns, "closed": self.closed, "dirty": self.dirty}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepFigures":
@@ -109,6 +131,7 @@ class StepFigures:
         f.hist = {t: RewardHistogram.from_dict(h) for t, h in d["hist"].items()}
         f.lengths = ExpHistogram.from_dict(d["lengths"])
         f.samples = {k: list(v) for k, v in d["samples"].items()}
+        f.last_ns = d.get("last_ns", 0)  # absent from state written before it existed
         return f
 
     # -- records -----------------------------------------------------------------------------

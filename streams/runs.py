@@ -16,8 +16,11 @@ once per message. Time comes in as ``now_ns``; nothing here knows Kafka or Faust
 * **Ended runs** close at once: a writer's RUN_END names the last ``sequence_id`` it gave a span
   (``spans_sent``); when every stream of the run has ended and all it numbered is applied,
   nothing more will come, and every window and step of the run closes.
-* **Idle runs** close by the wall clock: no message of the run for ``idle_s`` (from this
-  processor's own start at the earliest, so our downtime never closes anything early).
+* **Idle runs** close by the wall clock: no message of the run for ``idle_s``, counted from no
+  earlier than the moment this processor had read what was waiting on the run's partition when
+  it got it (:meth:`RunProcessor.behind`): our downtime, a rebalance, or the replay after a
+  restart never closes anything early, makes a run look silent, or lets the rules judge a
+  partial step.
 * **Late data** for a closed window or step that is still retained updates it and re-emits it
   (readers keep the latest ``emitted_at_ns``); the alert rules see each step and window once.
   Data older than the retention is counted in ``late_dropped`` and logged, never silently lost.
@@ -93,7 +96,9 @@ class Run:
         # stream -> the last sequence_id it will ever have (from its writer's RUN_END): once applied,
         # the stream is complete and holds nothing back
         self.finished: dict[str, int] = {}
+        self.latest_attempt = 0  # the newest attempt the steps topic has shown
         self.late_dropped = 0
+        self.rejected = 0  # records skipped as invalid (a NaN reward, a negative length)
 
     def to_dict(self) -> dict[str, Any]:
         return {"project": self.project, "run_id": self.run_id, "partition": self.partition, "marks": self.marks,
@@ -102,7 +107,8 @@ class Run:
                 "steps": {k: s.to_dict() for k, s in self.steps.items()}, "step_ends": self.step_ends,
                 "max_step": self.max_step, "retired_steps": self.retired_steps,
                 "retired_windows": self.retired_windows, "stalls": self.stalls, "rules": self.rules, "alerts": self.alerts,
-                "ended": self.ended, "finished": self.finished, "late_dropped": self.late_dropped}
+                "ended": self.ended, "finished": self.finished, "latest_attempt": self.latest_attempt,
+                "late_dropped": self.late_dropped, "rejected": self.rejected}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Run":
@@ -116,6 +122,7 @@ class Run:
         run.stalls, run.rules, run.alerts = dict(d["stalls"]), dict(d["rules"]), dict(d["alerts"])
         run.ended, run.late_dropped = list(d["ended"]), d["late_dropped"]
         run.finished = dict(d.get("finished", {}))
+        run.latest_attempt, run.rejected = d.get("latest_attempt", 0), d.get("rejected", 0)
         return run
 
     def ident(self, attempt: int) -> dict[str, Any]:
@@ -132,12 +139,22 @@ class RunProcessor:
     def __init__(self, config: RunConfig, resumed_ns: int):
         self.config = config
         self.resumed_ns = resumed_ns  # when this processor (re)started
+        # partition -> the last wall-clock time it was still behind (messages waiting from before)
+        self._behind_ns: dict[int, int] = {}
         self.size_ns = int(config.window_s * NS)
         self.lateness_ns = int(config.lateness_s * NS)
         self.idle_ns = int(config.idle_s * NS)
         self.retention_ns = int(config.retention_s * NS)
         self.duplicates = 0  # records skipped by their sequence marks
         self.applied = 0  # records applied
+
+    def behind(self, partition: int, now_ns: int) -> None:
+        """``partition`` still has messages that were waiting when this worker got it: quiet counts from now."""
+        self._behind_ns[partition] = now_ns
+
+    def quiet_from(self, run: Run) -> int:
+        """Wall clock from which the run's silence counts: the restart, or the end of its partition's catch-up."""
+        return self._behind_ns.get(run.partition, self.resumed_ns)
 
     # -- messages ----------------------------------------------------------------------------
     def on_records(self, run: Run, topic: str, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
@@ -165,7 +182,13 @@ class RunProcessor:
                 if kind == "GRADER" and r.get("term") is not None:
                     self._grader(run, r)
                 elif kind == "ROLLOUT" and r.get("step") is not None and r.get("reward") is not None:
-                    self._rollout(run, r)
+                    problem = StepFigures.invalid(r)
+                    if problem is None:
+                        self._rollout(run, r)
+                    else:  # a writer other than the SDK (which refuses these): skipped, never a crash
+                        run.rejected += 1
+                        log.warning("rollout of %s (attempt %s, writer %r, sequence %s) skipped: %s (%d skipped for this run)",
+                                    run.key, r["attempt"], r.get("writer_id"), seq, problem, run.rejected)
             else:
                 out += self._step_event(run, r, now_ns)
         self.applied += len(records)
@@ -206,9 +229,12 @@ class RunProcessor:
     def _step_event(self, run: Run, event: dict[str, Any], now_ns: int) -> list[Output]:
         book = AlertBook(run.alerts)
         stalls = StallDetector(run.stalls, book, self.config.stall_after_s, self.config.silent_after_s,
-                               resumed_ns=self.resumed_ns)
-        alerts = stalls.observe(event, now_ns)
+                               resumed_ns=self.quiet_from(run))
         attempt = str(event["attempt"])
+        # An attempt older than the newest one seen was superseded (its stall tracking ended when
+        # the newer one reported): a straggler of it must not start a new, never-resolved episode.
+        alerts = stalls.observe(event, now_ns) if event["attempt"] >= run.latest_attempt else []
+        run.latest_attempt = max(run.latest_attempt, event["attempt"])
         if event["type"] == "STEP":
             key = f"{attempt}|{event['step']}"
             figures = run.steps.get(key)
@@ -239,16 +265,17 @@ class RunProcessor:
         """Wall-clock work for one run: stalls, and closing an idle run. Returns (outputs, state changed)."""
         before = len(run.alerts), len(run.stalls)
         book = AlertBook(run.alerts)
+        resumed = self.quiet_from(run)
         alerts = StallDetector(run.stalls, book, self.config.stall_after_s, self.config.silent_after_s,
-                               resumed_ns=self.resumed_ns).tick(now_ns)
+                               resumed_ns=resumed).tick(now_ns)
         out = [self._alert(run, a) for a in alerts]
-        idle = now_ns - max(run.seen_ns, self.resumed_ns) >= self.idle_ns
+        idle = now_ns - max(run.seen_ns, resumed) >= self.idle_ns
         changed = bool(out) or (len(run.alerts), len(run.stalls)) != before
         if idle and (any(not w.closed or w.dirty for w in run.windows.values())
                      or any(not s.closed or s.dirty for s in run.steps.values())):
             out += self._close(run, now_ns, idle=True)
             changed = True
-        if idle and now_ns - max(run.seen_ns, self.resumed_ns) >= self.retention_ns and (run.windows or run.steps):
+        if idle and now_ns - max(run.seen_ns, resumed) >= self.retention_ns and (run.windows or run.steps):
             for key in list(run.windows):  # everything was emitted complete above
                 self._retire_window(run, key)
             for key in list(run.steps):
@@ -258,7 +285,7 @@ class RunProcessor:
 
     def expired(self, run: Run, now_ns: int) -> bool:
         """True when the run's state can go: every attempt ended (or went silent long ago) and nothing is open."""
-        quiet = now_ns - max(run.seen_ns, self.resumed_ns)
+        quiet = now_ns - max(run.seen_ns, self.quiet_from(run))
         if run.windows or run.steps or run.alerts:
             return False
         return (not run.stalls and quiet >= self.retention_ns) or quiet >= 24 * 3600 * NS
@@ -280,7 +307,7 @@ class RunProcessor:
         if not open_streams:
             # every writer that sent spans ended and all it numbered is in: nothing more will come
             return ALL_IN if any(k.startswith("spans|") for k in run.progress) else None
-        resumed = self.resumed_ns  # after a restart every stream counts as heard from at the restart
+        resumed = self.quiet_from(run)  # after a restart every stream counts as heard from at the restart
         latest = max(max(r, resumed) for _, r in open_streams)
         return min(t for t, r in open_streams if max(r, resumed) >= latest - self.retention_ns)
 
@@ -317,7 +344,7 @@ class RunProcessor:
             # a stream far behind and long silent (an ended attempt, a stopped writer) is forgotten;
             # its sequence mark stays, so a replay of it is still recognised
             for key in [k for k, (t, r) in run.progress.items()
-                        if t + self.retention_ns < progress and now_ns - max(r, self.resumed_ns) > self.retention_ns]:
+                        if t + self.retention_ns < progress and now_ns - max(r, self.quiet_from(run)) > self.retention_ns]:
                 del run.progress[key]
         for attempt in list(run.ended):
             if not any(k.split("|")[0] == str(attempt) for k in list(run.steps) + list(run.windows)):
@@ -345,7 +372,9 @@ class RunProcessor:
         window = w.window_record(ident, term, start_ns, end_ns, now_ns)
         out.append(Output("grader-windows", run.key, "GraderWindow", window))
         if first:
-            out += [self._alert(run, a) for a in grader_failure_rate(AlertBook(run.alerts), window, self.config.thresholds, now_ns)]
+            # first seen at the window's end (event time): the same record if a crash makes us fire it again
+            out += [self._alert(run, a) for a in grader_failure_rate(AlertBook(run.alerts), window, self.config.thresholds,
+                                                                     now_ns, since_ns=end_ns)]
         return out
 
     def _emit_step(self, run: Run, attempt: int, step: int, f: StepFigures, now_ns: int, first: bool) -> list[Output]:
@@ -356,7 +385,9 @@ class RunProcessor:
         out += [Output("reward-histograms", run.key, "RewardHistogram", r) for r in f.histogram_records(ident, step, now_ns)]
         out.append(Output("length-histograms", run.key, "CompletionLengthHistogram", f.length_record(ident, step, now_ns)))
         if first:
-            out += [self._alert(run, a) for a in step_rules(AlertBook(run.alerts), run.rules, stats, self.config.thresholds, now_ns)]
+            # first seen at the step's last rollout (event time): the same record if a crash makes us fire it again
+            out += [self._alert(run, a) for a in step_rules(AlertBook(run.alerts), run.rules, stats, self.config.thresholds,
+                                                            now_ns, since_ns=f.last_ns or None)]
         return out
 
     def _alert(self, run: Run, alert: dict[str, Any]) -> Output:

@@ -51,7 +51,17 @@ class RunStage:
             self._store(key, run)
         return out
 
-    def on_tick(self, partition: int, now_ns: int) -> list[Output]:
+    def on_tick(self, partition: int, now_ns: int, caught_up: bool = True) -> list[Output]:
+        """Wall-clock work for the runs of ``partition``.
+
+        ``caught_up`` is False while the partition still has messages that were waiting when
+        this worker got it (after a restart: the uncommitted replay and what was published
+        while no worker ran). Then nothing here is due: a run whose messages are still in Kafka
+        is not idle or silent, and silence counts only from the end of the catch-up.
+        """
+        if not caught_up:
+            self.processor.behind(partition, now_ns)
+            return []
         out: list[Output] = []
         for key, value in list(self.table.items()):
             if not value or value["partition"] != partition:
@@ -90,7 +100,9 @@ class HardwareStage:
                 continue
             state = states[hw_id] = {"partition": partition, "gpu": dict(state["gpu"]), "alerts": dict(state["alerts"]),
                                      "mark": sample["time_ns"]}
-            alerts = hardware(AlertBook(state["alerts"]), state["gpu"], sample, self.thresholds, now_ns)
+            # an episode's first_seen_ns is the sample's time: the same record if a replay fires it again
+            alerts = hardware(AlertBook(state["alerts"]), state["gpu"], sample, self.thresholds, now_ns,
+                              since_ns=sample["time_ns"])
             out += [Output("alerts", a["key"], "Alert", a) for a in alerts]
         for hw_id, state in states.items():
             if state != self.table.get(hw_id):  # most samples change nothing: no changelog write for them

@@ -99,7 +99,7 @@ class StallDetector:
                     continue
                 out += self._fire(key, value, "silent_run", now_ns, silent_for, self.silent_ns,
                                   f"{self._name(value)}: no report for {silent_for / NS:.0f}s "
-                                  f"(last step_count {value['step_count']})")
+                                  f"(last step_count {value['step_count']})", value["seen_ns"] + self.silent_ns)
             elif not self.book.is_firing("stalled_run", key):
                 out += self._check_stall(key, value, now_ns)
         return out
@@ -115,7 +115,7 @@ class StallDetector:
             return []
         return self._fire(key, value, "stalled_run", now_ns, flat_for, self.stall_ns,
                           f"{self._name(value)}: step_count {value['step_count']} has not increased "
-                          f"for {flat_for / NS:.0f}s while the job still reports")
+                          f"for {flat_for / NS:.0f}s while the job still reports", value["increased_ns"] + self.stall_ns)
 
     def _end(self, key: str, now_ns: int, why: str) -> list[dict]:
         """Resolve whatever is open for ``key`` and stop tracking it."""
@@ -148,10 +148,13 @@ class StallDetector:
         return out
 
     def _fire(self, key: str, value: dict, rule: str, now_ns: int, age_ns: int, limit_ns: int,
-              summary: str) -> list[dict]:
+              summary: str, since_ns: int) -> list[dict]:
+        # ``since_ns``, the moment the condition began by the state (last increase or report plus
+        # the limit), is first_seen_ns: fired again after a crash lost the state write, the
+        # episode keeps its identity instead of opening a second one
         record = self.book.fire(rule, key, now_ns=now_ns, value=age_ns / NS, threshold=limit_ns / NS,
                                 summary=summary, severity=SEVERITY[rule], project=value["project"],
-                                run_id=value["run_id"], attempt=value["attempt"])
+                                run_id=value["run_id"], attempt=value["attempt"], since_ns=since_ns)
         return [record] if record is not None else []
 
     def _resolve(self, key: str, rule: str, now_ns: int, age_ns: int, summary: str) -> list[dict]:

@@ -41,6 +41,7 @@ class Harness:
         self.outputs: list[Output] = []
         self.fed: list[tuple[str, int, list[dict[str, Any]]]] = []  # every message fed, for replays
         self._before_last_write: dict[str, Any] = {}
+        self.caught_up = True  # False from a crash until the replay: the partitions have messages waiting
         self.stage = RunStage(RunProcessor(self.config, resumed_ns=now_ns), self.table)
 
     # -- driving -------------------------------------------------------------------------------
@@ -53,9 +54,12 @@ class Harness:
         return out
 
     def tick(self) -> list[Output]:
+        before = copy.deepcopy(self.table)
         out: list[Output] = []
         for p in range(self.partitions):
-            out += self.stage.on_tick(p, self.now_ns)
+            out += self.stage.on_tick(p, self.now_ns, caught_up=self.caught_up)
+        if self.table != before:  # the tick wrote state: that is now the last write a crash can lose
+            self._before_last_write = before
         self.outputs += out
         return out
 
@@ -69,18 +73,22 @@ class Harness:
     def crash(self, lose_last_write: bool = False) -> None:
         """Kill the worker and start a new one from the changelog.
 
-        ``lose_last_write``: the last message's state write never reached the changelog (a crash
-        between processing and the write). Otherwise the crash came between the state write and
-        the offset commit. Either way the uncommitted messages are then replayed with :meth:`replay`.
+        ``lose_last_write``: the last state write (of a message or a tick) never reached the
+        changelog, though its outputs were sent (a crash between the two). Otherwise the crash came between the state write and
+        the offset commit. Either way the uncommitted messages are then replayed with :meth:`replay`;
+        until then the partitions are behind (ticks find messages waiting), as the worker's are,
+        and the wall clock may move on (:meth:`advance`: the rebalance before the replay).
         """
         restored = self._before_last_write if lose_last_write else self.table
         self.table = json.loads(json.dumps(restored))  # what recovery reads back: plain JSON
         self.stage = RunStage(RunProcessor(self.config, resumed_ns=self.now_ns), self.table)
+        self.caught_up = False
 
     def replay(self, last: int) -> None:
         """Feed the last ``last`` messages again, as Kafka redelivers uncommitted offsets."""
         for topic, partition, records in self.fed[-last:]:
             self.outputs += self.stage.on_message(topic, partition, copy.deepcopy(records), self.now_ns)
+        self.caught_up = True
 
     # -- reading, as ClickHouse keeps it ------------------------------------------------------
     def latest(self, topic: str) -> dict[tuple, dict[str, Any]]:
@@ -97,6 +105,15 @@ class Harness:
     def alerts(self) -> list[tuple[str, str, str]]:
         """(rule, key, state) of every alert record, in order."""
         return [(o.record["rule"], o.record["key"], o.record["state"]) for o in self.outputs if o.topic == "alerts"]
+
+    def alert_rows(self) -> list[tuple[str, str, str]]:
+        """(rule, key, state) of the alerts table's rows: one per (rule, key, first_seen_ns, state), as the sink keeps them."""
+        rows: dict[tuple, tuple[str, str, str]] = {}
+        for o in self.outputs:
+            if o.topic == "alerts":
+                r = o.record
+                rows.setdefault((r["rule"], r["key"], r["first_seen_ns"], r["state"]), (r["rule"], r["key"], r["state"]))
+        return list(rows.values())
 
     def emissions(self, topic: str) -> list[dict[str, Any]]:
         return [o.record for o in self.outputs if o.topic == topic]

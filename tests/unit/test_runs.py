@@ -258,3 +258,96 @@ def test_sparse_spans_with_the_steps_topic_far_ahead_are_exact():
     assert figures(h) == truth
     [run] = h.table.values()
     assert run["late_dropped"] == 0
+
+
+# -- restarts: what Faust's at-least-once does to outputs and state -------------------------------
+# Outputs and the changelog write of a message are sent before its offset is committed, in no
+# guaranteed order: after a SIGKILL the restored state can be older than what was already
+# published, the uncommitted messages come again, and the dead worker's partitions only move to
+# the new one after its session times out (10 s), while ticks keep coming.
+
+def test_a_restart_neither_closes_a_step_early_nor_finds_a_live_run_silent_before_the_replay():
+    h = Harness(RunConfig(window_s=10, lateness_s=2, idle_s=5, retention_s=30, stall_after_s=900, silent_after_s=3))
+    job = Job()
+    h.feed("steps", [job.step(0, "RUN_START")])
+    h.feed("spans", [job.rollout(1, 0, 0.0, clipped=True), job.rollout(1.2, 0, 0.0)])
+    h.feed("spans", [job.rollout(1.5, 0, 0.9, clipped=True), job.rollout(1.7, 0, 0.9)])
+    h.crash(lose_last_write=True)  # step 0 restored with 2 of its 4 rollouts, both rewards 0
+    h.advance(12)  # the rebalance, ticks running: idle and silent by the clock, but messages are waiting
+    h.replay(last=1)
+    h.feed("steps", [job.step(2, "STEP", step=0, count=1), job.step(2.5, "HEARTBEAT", count=1)])
+    for t in range(3, 8):
+        h.feed("spans", [job.rollout(t, 1, 0.9)])
+        h.feed("steps", [job.step(t + 0.5, "HEARTBEAT", count=1)])
+        h.advance(1)
+    h.feed("steps", [job.step(8, "RUN_END", count=2)])
+    h.advance(10)
+    # step 0 emitted once, whole: never its restored half (zero fraction 1.0, a false reward collapse)
+    assert [(r["step"], r["rollouts"], r["clipped"]) for r in h.emissions("step-stats")] == [(0, 4, 2), (1, 5, 0)]
+    assert h.alerts() == []  # and the run, reporting all along, never looked silent
+
+
+def test_an_alert_fired_again_after_its_state_write_was_lost_is_the_same_episode():
+    h = Harness(CONFIG)
+    job = Job()
+    h.feed("spans", [job.rollout(1, 0, 0.0), job.rollout(1.5, 0, 0.0)])
+    h.feed("steps", [job.step(2, "STEP", step=0, count=1)])
+    h.feed("spans", [job.rollout(5, 1, 0.0)])  # closes step 0: reward collapse fires, the output is sent
+    h.crash(lose_last_write=True)  # ... but the state write that recorded it never reached the changelog
+    h.replay(last=1)  # fires again: the same episode (first_seen_ns is step 0's time, not the clock)
+    h.feed("spans", [job.rollout(6, 1, 0.9), job.rollout(9, 2, 0.9)])  # step 1: 1 of 2 at 0, resolves
+    h.feed("steps", [job.step(9.5, "RUN_END", count=3)])
+    h.advance(10)
+    fired = [o.record for o in h.outputs if o.topic == "alerts" and o.record["state"] == "FIRING"]
+    assert len(fired) == 2 and fired[0]["first_seen_ns"] == fired[1]["first_seen_ns"] == T0 + int(1.5 * NS)
+    assert h.alert_rows() == [("reward_collapse", "p/r1/1", "FIRING"), ("reward_collapse", "p/r1/1", "RESOLVED")]
+
+
+def test_a_silence_fired_again_after_the_tick_write_was_lost_is_the_same_episode():
+    h = Harness(RunConfig(window_s=10, lateness_s=2, idle_s=5, stall_after_s=900, silent_after_s=3))
+    job = Job()
+    h.feed("steps", [job.step(0, "RUN_START")])
+    h.advance(3.5)  # silent: the tick fires and writes the alert into the state
+    assert h.alerts() == [("silent_run", "p/r1/1", "FIRING")]
+    h.crash(lose_last_write=True)  # the tick's write is lost; the alert was published
+    h.replay(last=1)
+    h.advance(4)  # silent again by the restored state: fired again, as the same episode
+    h.feed("steps", [job.step(1, "HEARTBEAT", count=0)])
+    assert h.alerts() == [("silent_run", "p/r1/1", "FIRING")] * 2 + [("silent_run", "p/r1/1", "RESOLVED")]
+    assert h.alert_rows() == [("silent_run", "p/r1/1", "FIRING"), ("silent_run", "p/r1/1", "RESOLVED")]
+
+
+def test_a_crashed_attempts_silence_resolves_once_when_the_next_attempt_starts():
+    h = Harness(RunConfig(window_s=10, lateness_s=2, idle_s=5, stall_after_s=900, silent_after_s=3))
+    first, second = Job(attempt=1, writer="w1"), Job(attempt=2, writer="w2")
+    h.feed("steps", [first.step(0, "RUN_START")])
+    h.feed("steps", [first.step(1, "HEARTBEAT", count=0)])
+    h.advance(4)  # attempt 1 died without RUN_END
+    h.feed("steps", [second.step(10, "RUN_START")])
+    h.feed("steps", [first.step(1.5, "HEARTBEAT", count=0)])  # a straggler of the dead attempt
+    for t in range(11, 16):
+        h.advance(1)
+        h.feed("steps", [second.step(t, "HEARTBEAT", count=0)])
+    h.replay(last=7)  # and all of it again
+    h.advance(1)
+    assert h.alerts() == [("silent_run", "p/r1/1", "FIRING"), ("silent_run", "p/r1/1", "RESOLVED")]
+    [resolved] = [o.record for o in h.outputs if o.topic == "alerts" and o.record["state"] == "RESOLVED"]
+    assert "superseded by attempt 2" in resolved["summary"]
+
+
+def test_a_poison_rollout_is_skipped_and_logged_without_touching_its_step(caplog):
+    h = Harness(CONFIG)
+    job = Job()
+    good = job.rollout(1, 0, 0.5, clipped=True)
+    bad = [dict(job.rollout(1.1, 0, 0.5), reward=float("nan")), dict(job.rollout(1.2, 0, 0.5), completion_tokens=-1),
+           dict(job.rollout(1.3, 0, 0.5), term_shares={"judge": float("inf")}), dict(job.rollout(1.4, 5, 0.5), reward=float("-inf"))]
+    h.feed("spans", [good] + bad + [job.rollout(1.5, 0, 0.7)])
+    h.feed("steps", [job.step(2, "STEP", step=0, count=1), job.step(3, "RUN_END", count=1)])
+    h.advance(10)
+    [stats] = h.emissions("step-stats")  # no row for step 5: its only rollout was invalid
+    assert (stats["step"], stats["rollouts"], stats["clipped"], stats["reward_mean"]) == (0, 2, 1, 0.6)
+    assert h.latest("reward-histograms")[("p", "r1", 1, 0, "judge")]["count"] == 2
+    [run] = h.table.values()
+    assert run["rejected"] == 4
+    reasons = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(reasons) == 4 and "reward nan is not finite" in reasons[0] and "negative" in reasons[1]
