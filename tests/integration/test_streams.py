@@ -5,7 +5,8 @@ broker and ClickHouse: three training jobs publish through the SDK (one healthy 
 clipping and a reward collapse, one that stalls and whose judge always fails, one that dies
 without a word), a GPU publishes samples with an XID and a hardware-slowdown throttle, and
 ClickHouse must then hold exactly the ground truth and exactly the expected alerts. A second
-test kills the streams worker with SIGKILL in the middle and restarts it.
+test kills the streams worker with SIGKILL in the middle of a step and window and restarts it:
+the same figures and the same alerts, each episode one FIRING and one RESOLVED row.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from producers import TrainingTelemetry
-from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
+from rlpulse.pipeline import Pipeline, lag, settings_env, wait_groups_ready
 from rlpulse.settings import AlertThresholds, Settings
 from schemas.topics import ensure_topics
 from schemas.codec import Codec
@@ -52,13 +53,14 @@ def stream_settings(settings: Settings) -> Settings:
 
 
 def run_good(settings: Settings, midway=lambda: None) -> None:
-    """The healthy run; ``midway`` is called after step 2's rollouts, before its STEP event."""
+    """The healthy run; ``midway`` is called in the middle of step 1: two of its four rollouts
+    delivered, its STEP event not yet sent (heartbeats keep coming meanwhile)."""
     with TrainingTelemetry(project="st", run_id="good", attempt=1, settings=settings) as tel:
         for step, rollouts in enumerate(GOOD_STEPS):
-            if step == 2:
-                tel.flush(30)
-                midway()
             for i, (reward, clipped, sample) in enumerate(rollouts):
+                if (step, i) == (1, 2):
+                    tel.flush(30)
+                    midway()
                 rid = f"g{step}-{i}"
                 tel.grader(step=step, rollout_id=rid, term="judge", outcome="ok", duration_s=0.2, score=reward)
                 tel.rollout(step=step, rollout_id=rid, reward=reward, term_shares={"judge": reward},
@@ -106,12 +108,17 @@ def start_dying_job(settings: Settings) -> subprocess.Popen:
 
 
 async def publish_gpu(settings: Settings) -> None:
-    """Samples as the GPU poller exports them: an XID appears (count 0 -> 1), a slowdown comes and goes."""
+    """Samples as the GPU poller exports them: an XID appears (count 0 -> 1), a slowdown comes and goes.
+
+    The poller publishes a sample the moment the XID occurs, between its exports, with the
+    latest single reading's throttle reasons (0x1 here: the slowdown bit was set in other
+    readings of the interval); the next export ORs the interval's readings (0x9) again.
+    """
     codec = Codec()
     producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
     await producer.start()
     try:
-        for xids, xid_last, throttle in ((0, None, 0x1), (0, None, 0x9), (1, 79, 0x9), (1, 79, 0x0)):
+        for xids, xid_last, throttle in ((0, None, 0x1), (0, None, 0x9), (1, 79, 0x1), (1, 79, 0x9), (1, 79, 0x0)):
             sample = dict(time_ns=time.time_ns(), hw_id="GPU-aaaa", index=0, host="h", power_w=300.0,
                           temperature_c=60.0, gpu_utilization=0.9, memory_used_bytes=1, memory_total_bytes=2,
                           memory_utilization=0.5, memory_activity=0.4, sm_clock_mhz=1500.0,
@@ -213,23 +220,49 @@ def test_every_figure_and_alert_equals_the_ground_truth(settings: Settings) -> N
     ]
 
 
-def test_figures_survive_a_sigkill_of_the_streams_worker(settings: Settings) -> None:
+def wait_processed(settings: Settings, shorts: tuple[str, ...], timeout: float = 60.0) -> None:
+    """Until the streams have processed and committed everything on ``shorts`` (their state is written first)."""
+    deadline = time.monotonic() + timeout
+    while sum(lag(settings, settings.app_id, shorts).values()):
+        assert time.monotonic() < deadline, f"the streams did not process {shorts} in {timeout:.0f}s"
+        time.sleep(0.2)
+
+
+def test_figures_and_alerts_survive_a_sigkill_of_the_streams_worker_mid_window(settings: Settings) -> None:
     # Lateness is judged on event time: the restart (Faust hands a dead worker's partitions on
-    # after 10 s) is longer than the lateness, and nothing may be counted late for it.
-    settings = dataclasses.replace(stream_settings(settings), allowed_lateness=2.0)
+    # after 10 s) is longer than the lateness, and nothing may be counted late for it. The job
+    # reports every 0.5 s throughout, so silent_after (3 s) is far shorter than the downtime and
+    # nothing may look silent for it; stall_after is longer than the job ever waits here (in the
+    # ground truth no run stalls).
+    settings = dataclasses.replace(stream_settings(settings), allowed_lateness=2.0, stall_after=60.0)
     ensure_topics(settings)
     with Pipeline(settings) as pipeline:
         pipeline.start()
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
 
         def kill_and_restart() -> None:
-            time.sleep(0.3)  # let the worker be in the middle of it
+            # Mid-window: step 1 has two of its four rollouts in the worker's state, its grader
+            # window is open, and the heartbeats processed since the last commit are replayed.
+            wait_processed(settings, ("spans",))
             pipeline.stop(("streams",), sig=signal.SIGKILL)
-            run_stalls(settings, stall_s=0.0)  # published while no worker runs
+            # The new worker starts at once, and gets the partitions only when the group gives up
+            # on the dead one (session timeout, 10 s); its ticks are waiting by then, and so is
+            # what this publishes meanwhile.
             pipeline.start(("streams",))
+            run_stalls(settings, stall_s=0.0)
+            asyncio.run(publish_gpu(settings))
 
         run_good(settings, midway=kill_and_restart)
         pipeline.wait_caught_up(time.time_ns() + int((settings.window + settings.allowed_lateness + 3) * 1e9),
                                 timeout=90)
         pipeline.stop()
-    check_figures(read_figures(settings))
+    figures = read_figures(settings)
+    check_figures(figures)
+    assert figures["alerts"] == [  # one row per (rule, key, first_seen_ns, state): a duplicate episode shows
+        ("clipped_ratio_rising", "st/good/1", "FIRING"), ("clipped_ratio_rising", "st/good/1", "RESOLVED"),
+        ("grader_failure_rate", "st/stalls/1/judge", "FIRING"),
+        ("hw_slowdown", "GPU-aaaa", "FIRING"), ("hw_slowdown", "GPU-aaaa", "RESOLVED"),
+        ("reward_collapse", "st/good/1", "FIRING"), ("reward_collapse", "st/good/1", "RESOLVED"),
+        ("reward_collapse", "st/stalls/1", "FIRING"),
+        ("xid", "GPU-aaaa", "FIRING"),
+    ]
