@@ -157,8 +157,11 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
     from sinks.alert_feed import serve_alerts
 
+    from rlpulse.settings import parse_duration
+
     settings = _settings(args)
-    asyncio.run(serve_alerts(settings, args.webhook, args.from_beginning, args.once))
+    asyncio.run(serve_alerts(settings, args.webhook, args.from_beginning, args.once, group=args.group,
+                             give_up_after_s=parse_duration(args.give_up_after), timeout_s=parse_duration(args.webhook_timeout)))
     return 0
 
 
@@ -281,10 +284,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_dlq)
 
-    p = sub.add_parser("alerts", help="print alerts as they fire and resolve; optionally POST each to a webhook")
-    p.add_argument("--webhook", help="POST each alert as JSON to this URL (retried; failures are logged, never fatal)")
-    p.add_argument("--from-beginning", action="store_true", help="start with the alerts already on the topic")
-    p.add_argument("--once", action="store_true", help="stop at the end of what is on the topic now")
+    p = sub.add_parser("alerts", help="print alerts as they fire and resolve; optionally POST each to a webhook",
+                       description="Reads the alerts topic in a consumer group and commits an alert only once the "
+                       "webhook accepted it (or it was given up on), so alerts fired while this was down, or read "
+                       "but not delivered when it stopped, are posted at the next start: at least once. Each POST "
+                       "carries alert_id (JSON body) and an Idempotency-Key header with the same value, one per "
+                       "alert transition, for the receiver to drop duplicates. Logs name only the webhook's "
+                       "scheme and host.")
+    p.add_argument("--webhook", help="POST each alert as JSON to this URL (retried with backoff; see --give-up-after)")
+    p.add_argument("--group", help="consumer group whose committed offsets say where to resume (default <prefix>-alerts)")
+    p.add_argument("--from-beginning", action="store_true",
+                   help="a group with no committed offset starts at the beginning of the topic, not its end")
+    p.add_argument("--once", action="store_true", help="stop once what is on the topic now is printed, posted and committed")
+    p.add_argument("--give-up-after", default="10m",
+                   help="once the webhook has failed every call for this long, an alert that fails is logged, counted "
+                   "and skipped instead of retried (a 4xx refusal is at once)")
+    p.add_argument("--webhook-timeout", default="5s", help="time limit of one POST")
     _add_common(p)
     p.set_defaults(func=cmd_alerts)
 

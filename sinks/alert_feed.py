@@ -1,25 +1,56 @@
 """``rlpulse alerts``: prints alerts as they arrive and, optionally, POSTs each to a webhook.
 
-The webhook gets each alert as JSON from a bounded queue drained by a worker task, with
-retries and backoff; when it fails for good the alert is logged and counted, and a slow or
-dead webhook never holds up reading (a full queue drops the oldest, counted).
+Nothing lost, nothing stuck:
+
+* The feed reads ``<prefix>.alerts`` in a consumer group (``<prefix>-alerts`` unless ``--group``)
+  and commits a partition's offset only once every alert up to it was accepted by the webhook
+  (a 2xx answer) or given up on (logged and counted). Alerts fired while the feed was down, and
+  those it had read but not delivered when it stopped, are posted when it starts again: at least
+  once. Without a webhook an alert counts as done once printed.
+* Each POST carries an id the receiver can drop duplicates by: ``alert_id`` in the JSON body and
+  the ``Idempotency-Key`` header, the same value. It is derived from the alert transition
+  (project, rule, key, state, first_seen_ns), so a re-post after a restart, and the same
+  transition published twice by the streams after a crash, carry the same id; the FIRING and the
+  RESOLVED of one episode have different ids. The body is the Alert record's fields plus
+  ``alert_id``.
+* Transient failures (connection refused, timeout, 5xx, 408, 425, 429) are retried with backoff
+  (0.5 s doubling to 30 s). Once the webhook has failed every call for ``give_up_after`` (10 min by
+  default), each further alert gets one try and is given up on if it fails, so a long outage does
+  not hold the feed for hours; a success resets that clock. Other 4xx answers and redirects mean
+  the receiver refuses this body: given up at once. Alerts are posted one at a time, in order.
+* SIGTERM/SIGINT stop the feed within about a second whatever the webhook does: an in-flight POST
+  is abandoned (it runs on a daemon thread), nothing undelivered is committed.
+* Where the group starts: from its committed offsets. A group with none (first start, or offsets
+  expired after the broker's ``offsets.retention.minutes`` of the feed being down) starts at the
+  end of the topic, or at its beginning with ``--from-beginning`` (as ``kafka-console-consumer``).
+  The first start records its start position at once, so a feed stopped before any alert
+  arrived still resumes where it began. ``--once`` stops after the alerts that were on the topic
+  when its partitions were assigned are delivered (or given up on) and committed.
+* Webhook URLs carry secrets (Slack puts the token in the path): logs and output name only the
+  scheme, host and port. ``user:password@`` in the URL is sent as HTTP Basic authorization.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import logging
+import threading
 import time
+import urllib.error
 import urllib.request
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
 
 from rlpulse.settings import Settings
 from schemas.codec import Codec, DecodeError
 from schemas.topics import topic_partitions
-from sinks.clickhouse import mask_url
 
 log = logging.getLogger(__name__)
 
@@ -30,116 +61,345 @@ def format_alert(alert: dict[str, Any]) -> str:
             f"{alert['summary']} (value {alert['value']:g}, threshold {alert['threshold']:g})")
 
 
+def default_group(settings: Settings) -> str:
+    return f"{settings.topic_prefix}-alerts"
+
+
+def alert_id(alert: dict[str, Any]) -> str:
+    """The id of one alert transition: equal for re-posts and re-publications of it, 32 hex digits."""
+    identity = [alert.get("project", ""), alert["rule"], alert["key"], alert["state"], int(alert["first_seen_ns"])]
+    return hashlib.sha256(json.dumps(identity, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+def webhook_origin(url: str) -> str:
+    """What may be logged of a webhook URL: scheme, host and port (never user, path or query)."""
+    parts = urlsplit(url)
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a malformed port: say nothing of it
+        port = ""
+    return f"{parts.scheme}://{parts.hostname or '?'}{port}"
+
+
+class _Rejected(Exception):
+    """The receiver refused this request for good (4xx other than 408/425/429, or a redirect)."""
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    # urllib would turn a redirected POST into a GET without the body; a redirect is a refusal.
+    def redirect_request(self, *args: Any) -> None:
+        return None
+
+
+_TRANSIENT_HTTP = {408, 425, 429}
+
+
+async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """Run blocking ``fn`` on a daemon thread: a stopping feed abandons it instead of waiting (as
+    ``asyncio.to_thread`` would, at interpreter exit, for a hanging webhook)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def work() -> None:
+        result, error = None, None
+        try:
+            result = fn()
+        except BaseException as exc:  # handed to the awaiting task
+            error = exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop is closed: the feed stopped and nobody waits
+            pass
+
+    threading.Thread(target=work, name="rlpulse-webhook", daemon=True).start()
+    return await future
+
+
 class Webhook:
-    def __init__(self, url: str, tries: int = 4, timeout_s: float = 5.0, queue_size: int = 1000):
-        self.url = url
-        self.tries = tries
-        self.timeout_s = timeout_s
-        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=queue_size)
+    """POSTs alerts as JSON, one at a time; ``deliver`` returns True when accepted, False when given up."""
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0, give_up_after_s: float = 600.0,
+                 backoff_s: float = 0.5, max_backoff_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--webhook: expected an http:// or https:// URL with a host, got one for {webhook_origin(url)}")
+        self.url, self.origin = url, webhook_origin(url)
+        self._headers = {"Content-Type": "application/json", "User-Agent": "rlpulse-alerts"}
+        if parts.username is not None:
+            # urllib does not take user:password@ from the URL: send it as HTTP Basic, as curl does.
+            credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            self._headers["Authorization"] = "Basic " + base64.b64encode(credentials).decode()
+            self.url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        self.timeout_s, self.give_up_after_s = timeout_s, give_up_after_s
+        self.backoff_s, self.max_backoff_s, self._clock = backoff_s, max_backoff_s, clock
+        self._secrets = [s for s in (url, parts.path, parts.query, parts.username, parts.password) if s and len(s) > 1]
+        self._opener = urllib.request.build_opener(_NoRedirect)
+        self._failing_since: float | None = None  # first failure with no success since
         self.delivered = 0
         self.failed = 0
-        self.dropped = 0
 
-    def offer(self, alert: dict[str, Any]) -> None:
-        if self.queue.full():
-            self.queue.get_nowait()
-            self.dropped += 1
-            log.warning("webhook queue full: dropped the oldest alert (%d so far)", self.dropped)
-        self.queue.put_nowait(alert)
-
-    async def run(self) -> None:
+    async def deliver(self, alert: dict[str, Any]) -> bool:
+        key = alert_id(alert)
+        body = json.dumps({"alert_id": key, **alert}, separators=(",", ":")).encode()
+        what = f"{alert['rule']} {alert['state']} {alert['key']} (id {key})"
+        backoff, tries = self.backoff_s, 0
         while True:
-            alert = await self.queue.get()
+            tries += 1
             try:
-                await self._deliver(alert)
-            finally:
-                self.queue.task_done()
-
-    async def _deliver(self, alert: dict[str, Any]) -> None:
-        body = json.dumps(alert).encode()
-        backoff = 0.2
-        for attempt in range(1, self.tries + 1):
-            try:
-                await asyncio.to_thread(self._post, body)
+                await _in_daemon_thread(lambda: self._post(body, key))
+            except _Rejected as exc:
+                self.failed += 1
+                log.error("webhook %s refused %s: %s; given up", self.origin, what, self._scrub(str(exc)))
+                return False
+            except Exception as exc:  # refused, timeout, 5xx: retried alike
+                reason = self._scrub(f"{type(exc).__name__}: {exc}")
+            else:
                 self.delivered += 1
-                return
-            except Exception as exc:  # HTTP error, refused, timeout: all retried the same way
-                reason = f"{type(exc).__name__}: {exc}"
-                if attempt < self.tries:
-                    await asyncio.sleep(backoff)
-                    backoff *= 2
-        self.failed += 1
-        log.error("webhook %s failed %d times for %s %s %s; last error %s",
-                  mask_url(self.url), self.tries, alert["rule"], alert["state"], alert["key"], reason)
+                if self._failing_since is not None:
+                    log.info("webhook %s accepts again", self.origin)
+                self._failing_since = None
+                return True
+            now = self._clock()
+            self._failing_since = now if self._failing_since is None else self._failing_since
+            if now - self._failing_since >= self.give_up_after_s:
+                self.failed += 1
+                log.error("webhook %s failed %d times for %s, failing for %.0fs; given up; last error %s",
+                          self.origin, tries, what, now - self._failing_since, reason)
+                return False
+            if tries == 1:
+                log.warning("webhook %s: %s for %s; retrying", self.origin, reason, what)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.max_backoff_s)
 
-    def _post(self, body: bytes) -> None:
-        request = urllib.request.Request(self.url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-            response.read()
+    def _post(self, body: bytes, key: str) -> None:
+        request = urllib.request.Request(self.url, data=body, method="POST", headers={**self._headers, "Idempotency-Key": key})
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                response.read()
+        except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 500 and exc.code not in _TRANSIENT_HTTP:
+                raise _Rejected(f"HTTP {exc.code}") from None
+            raise RuntimeError(f"HTTP {exc.code}") from None
+
+    def _scrub(self, text: str) -> str:
+        # Error texts of urllib/http.client may quote the URL or parts of it.
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
 
-async def follow_alerts(settings: Settings, on_alert: Callable[[dict[str, Any]], None], from_beginning: bool,
-                        once: bool, stop: asyncio.Event) -> int:
-    """Read the alerts topic (from its end, or from the beginning) and call ``on_alert`` for each.
+@dataclass
+class _Item:
+    tp: TopicPartition
+    offset: int
+    alert: dict[str, Any] | None  # None: a message without alerts, done once those before it are
+    last: bool  # the message's last alert: when it is done, the offset after it may be committed
 
-    With ``once`` it stops at the end offsets it found at start. Returns the number of alerts read.
-    """
-    kafka = settings.kafka_client_kwargs()
-    codec = Codec()
-    consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest", **kafka)
-    await consumer.start()
-    count = 0
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, feed: "AlertFeed"):
+        self.feed = feed
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.feed.commit(set(revoked))
+        self.feed.forget(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        pass
+
+
+class AlertFeed:
+    """Consumes the alerts topic in a group, prints each alert, hands it to the webhook in order,
+    and commits per partition the offset up to which every alert is done."""
+
+    def __init__(self, settings: Settings, *, webhook: Webhook | None = None, group: str | None = None,
+                 from_beginning: bool = False, once: bool = False, queue_size: int = 1000,
+                 out: Callable[[str], None] = lambda line: print(line, flush=True)):
+        self.settings, self.webhook, self.out = settings, webhook, out
+        self.group = group or default_group(settings)
+        self.topic = settings.topic("alerts")
+        self.from_beginning, self.once = from_beginning, once
+        # Undelivered alerts. Past queue_size, reading pauses (partitions paused, polling goes on:
+        # the group membership, the commits and a SIGTERM are never held up by a slow webhook).
+        self.queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self.queue_size = queue_size
+        self.done: dict[TopicPartition, int] = {}  # offset to commit: all before it delivered or given up
+        self.committed: dict[TopicPartition, int] = {}
+        self.end: dict[TopicPartition, int] = {}  # --once: where to stop
+        self.first: dict[TopicPartition, int] = {}  # offset of the first message read since assignment
+        self.codec = Codec()
+        self.read = 0
+        self.consumer: AIOKafkaConsumer | None = None
+        self._following = False
+
+    async def run(self, stop: asyncio.Event) -> int:
+        """Until ``stop`` (or, with ``once``, the end found at start); returns the alerts read."""
+        self.consumer = consumer = AIOKafkaConsumer(
+            group_id=self.group, enable_auto_commit=False,
+            auto_offset_reset="earliest" if self.from_beginning else "latest", **self.settings.kafka_client_kwargs())
+        await consumer.start()
+        worker = asyncio.create_task(self._deliver_all()) if self.webhook else None
+        try:
+            if not await topic_partitions(consumer, self.topic):
+                raise RuntimeError(f"topic {self.topic} does not exist on {self.settings.kafka_bootstrap}")
+            consumer.subscribe([self.topic], listener=_Rebalance(self))
+            while not stop.is_set():
+                if self.queue.qsize() >= self.queue_size:
+                    consumer.pause(*consumer.assignment())
+                else:
+                    consumer.resume(*consumer.paused())
+                for tp, messages in (await consumer.getmany(timeout_ms=200, max_records=500)).items():
+                    for msg in messages:
+                        self._take(tp, msg)
+                await self._anchor()
+                await self.commit()
+                if self.once and await self._at_end():
+                    break
+            # --once: what was read is delivered (or given up on) and committed before the feed ends
+            while self.once and worker and not stop.is_set():
+                if await _until(self.queue.join(), stop, 0.5):
+                    break
+                await self.commit()
+        finally:
+            if worker:
+                worker.cancel()  # an in-flight POST is abandoned: its alert stays uncommitted
+                await asyncio.gather(worker, return_exceptions=True)
+            try:
+                await asyncio.wait_for(self.commit(), 3.0)
+            except (asyncio.TimeoutError, KafkaError) as exc:
+                log.warning("alerts: last commit failed (%s); the next start posts those alerts again", type(exc).__name__)
+            try:
+                await asyncio.wait_for(consumer.stop(), 5.0)
+            except asyncio.TimeoutError:
+                log.warning("alerts: the Kafka consumer did not stop within 5s")
+        return self.read
+
+    @property
+    def pending(self) -> int:
+        """Alerts read but neither delivered nor given up on (posted again at the next start)."""
+        return self.read - self.webhook.delivered - self.webhook.failed if self.webhook else 0
+
+    def _take(self, tp: TopicPartition, msg: Any) -> None:
+        """Print one message's alerts and queue them for the webhook."""
+        self.first.setdefault(tp, msg.offset)
+        try:
+            alerts = self.codec.decode(msg.value, expect=("rlpulse.v1.Alert",)).records
+        except DecodeError as exc:
+            log.warning("undecodable alert at %s[%d]@%d skipped: %s", msg.topic, msg.partition, msg.offset, exc)
+            alerts = []
+        for alert in alerts:
+            self.out(format_alert(alert))
+        self.read += len(alerts)
+        if not self.webhook:
+            self.done[tp] = msg.offset + 1
+            return
+        items = [_Item(tp, msg.offset, a, i == len(alerts) - 1) for i, a in enumerate(alerts)] or [
+            _Item(tp, msg.offset, None, True)]
+        for item in items:
+            self.queue.put_nowait(item)
+
+    async def _deliver_all(self) -> None:
+        assert self.webhook is not None
+        while True:
+            item = await self.queue.get()
+            if item.alert is not None:
+                await self.webhook.deliver(item.alert)
+            if item.last and item.offset + 1 > self.done.get(item.tp, -1):
+                self.done[item.tp] = item.offset + 1
+            self.queue.task_done()
+
+    async def commit(self, only: set[TopicPartition] | None = None) -> None:
+        consumer = self.consumer
+        if consumer is None:
+            return
+        assigned = consumer.assignment()
+        offsets = {tp: off for tp, off in self.done.items()
+                   if tp in assigned and (only is None or tp in only) and self.committed.get(tp) != off}
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except KafkaError as exc:  # a rebalance under way: the new owner re-posts (at least once)
+            log.warning("alerts: commit failed (%s); those alerts may be posted again", type(exc).__name__)
+            return
+        self.committed.update(offsets)
+
+    def forget(self, revoked: set[TopicPartition]) -> None:
+        for tp in revoked:
+            self.done.pop(tp, None)
+            self.committed.pop(tp, None)
+            self.end.pop(tp, None)
+            self.first.pop(tp, None)
+        self._following = False
+
+    async def _anchor(self) -> None:
+        """A partition without a committed offset gets its start position committed now, so a
+        later start resumes there instead of at the then end of the topic. The start is the first
+        message read (its alerts may still be queued), else the position the reset chose."""
+        consumer = self.consumer
+        assert consumer is not None
+        assigned = consumer.assignment()
+        if not assigned or self._following:
+            return
+        try:
+            for tp in assigned:
+                if tp not in self.done and tp not in self.committed and await consumer.committed(tp) is None:
+                    self.done[tp] = self.first[tp] if tp in self.first else await consumer.position(tp)
+                if self.once and tp not in self.end:
+                    self.end[tp] = (await consumer.end_offsets([tp]))[tp]
+        except KafkaError as exc:  # revoked meanwhile: the next assignment anchors again
+            log.debug("alerts: anchoring deferred (%s)", exc)
+            return
+        self._following = True
+        log.info("alerts: following %s as group %s (%d partitions)%s", self.topic, self.group, len(assigned),
+                 f", posting to {self.webhook.origin}" if self.webhook else "")
+
+    async def _at_end(self) -> bool:
+        consumer = self.consumer
+        assert consumer is not None
+        if not self._following:
+            return False
+        try:
+            for tp in consumer.assignment():
+                if await consumer.position(tp) < self.end[tp]:
+                    return False
+            return True
+        except (KafkaError, KeyError):
+            return False
+
+
+async def _until(awaitable: Awaitable[Any], stop: asyncio.Event, timeout: float | None = None) -> bool:
+    """Await ``awaitable`` unless ``stop`` is set first (or ``timeout`` passes); True when it finished."""
+    task = asyncio.ensure_future(awaitable)
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        tps = await topic_partitions(consumer, settings.topic("alerts"))
-        if not tps:
-            raise RuntimeError(f"topic {settings.topic('alerts')} does not exist on {settings.kafka_bootstrap}")
-        consumer.assign(tps)
-        end = await consumer.end_offsets(tps)
-        if from_beginning:
-            await consumer.seek_to_beginning(*tps)
-        else:
-            for tp in tps:
-                consumer.seek(tp, end[tp])
-        while not stop.is_set():
-            if once and not [tp for tp in tps if await consumer.position(tp) < end[tp]]:
-                break
-            for messages in (await consumer.getmany(timeout_ms=500)).values():
-                for msg in messages:
-                    try:
-                        alerts = codec.decode(msg.value, expect=("rlpulse.v1.Alert",)).records
-                    except DecodeError as exc:
-                        log.warning("undecodable alert at %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
-                        continue
-                    for alert in alerts:
-                        on_alert(alert)
-                        count += 1
+        await asyncio.wait({task, stopped}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        await consumer.stop()
-    return count
+        stopped.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return False
 
 
-async def serve_alerts(settings: Settings, webhook_url: str | None, from_beginning: bool, once: bool) -> int:
+async def serve_alerts(settings: Settings, webhook_url: str | None, from_beginning: bool, once: bool,
+                       group: str | None = None, give_up_after_s: float = 600.0, timeout_s: float = 5.0) -> int:
     import signal
 
+    webhook = Webhook(webhook_url, give_up_after_s=give_up_after_s, timeout_s=timeout_s) if webhook_url else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    webhook = Webhook(webhook_url) if webhook_url else None
-    worker = asyncio.create_task(webhook.run()) if webhook else None
-
-    def on_alert(alert: dict[str, Any]) -> None:
-        print(format_alert(alert), flush=True)
-        if webhook:
-            webhook.offer(alert)
-
-    try:
-        count = await follow_alerts(settings, on_alert, from_beginning, once, stop)
-        if webhook:
-            await webhook.queue.join()  # deliver (or give up on) what was read
-            print(f"webhook: {webhook.delivered} delivered, {webhook.failed} failed, {webhook.dropped} dropped", flush=True)
-    finally:
-        if worker:
-            worker.cancel()
+    feed = AlertFeed(settings, webhook=webhook, group=group, from_beginning=from_beginning, once=once)
+    count = await feed.run(stop)
+    if webhook:
+        print(f"webhook {webhook.origin}: {webhook.delivered} delivered, {webhook.failed} failed, "
+              f"{feed.pending} not delivered (posted again at the next start)", flush=True)
     return count
