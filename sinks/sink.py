@@ -3,13 +3,19 @@ have ClickHouse decode the buffered containers in one insert per table.
 
 Per message, on the hot path, only the container framing is read in Python (magic, header,
 block sizes and sync markers: ``schemas.codec.read_header`` and ``blocks``), and its record
-type is checked against the topic and its writer schema against the reader schema. Anything
-that fails goes to the dead-letter topic with the reason, and the sink goes on. No record is
-decoded here: ClickHouse decodes every table (see ``sinks.avro_sql``).
+type is checked against the topic, its writer schema against the reader schema, and its size
+against the sink's :class:`Limits`. Anything that fails goes to the dead-letter topic with the
+reason, and the sink goes on. No record is decoded here: ClickHouse decodes every table (see
+``sinks.avro_sql``).
 
 Two parts, as in quixstreams: a :class:`~sinks.checkpoint.Checkpoint` decides when to commit
 and commits offsets only after every table's insert is in; a :class:`~sinks.writer.TableWriter`
-writes one table's batch with its retry policy.
+writes one table's batch with its retry policy. A checkpoint is written in a task while the
+poll loop waits; when an insert fails (ClickHouse busy, read-only, unreachable) or takes long,
+the loop pauses every assigned partition and keeps calling ``getmany``, so the consumer stays in
+its group however long the outage lasts, and resumes once the checkpoint is in. A stop
+(SIGTERM) gives the checkpoint being written ``stop_grace`` seconds, then abandons it without
+committing: the next sink reads those offsets again.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import asyncio
 import logging
 import signal
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,13 +38,49 @@ from sinks.avro_sql import IncompatibleSchema, Plans
 from sinks.checkpoint import Checkpoint, Policy
 from sinks.clickhouse import Store, table_columns
 from sinks.dlq import queue_dead_letter, send_dead_letter
-from sinks.writer import Entry, Inserter, TableWriter
+from sinks.writer import Backoff, Entry, Inserter, TableWriter, describe
 
 log = logging.getLogger(__name__)
 
 # Container codecs ClickHouse's Avro input reads.
 CODECS = ("null", "deflate", "snappy")
 POLL_MESSAGES = 256
+SLOW_FLUSH_S = 15.0  # a checkpoint still being written after this long is treated as stalled: pause and poll
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one message may hold. The SDK writes containers of at most 1,000 records below the
+    broker's 1 MiB ``message.max.bytes``; a bigger one still arrives through producer compression
+    (the broker limits the compressed batch), a topic whose ``max.message.bytes`` was raised, or a
+    deflate or snappy container that decompresses far beyond its size on the wire. Over either
+    limit the message is dead-lettered before ClickHouse sees it."""
+
+    max_message_records: int = 100_000
+    max_message_bytes: int = 16 * 1024 * 1024  # the records' Avro bytes, decompressed
+
+
+def decoded_size(codec: str, body: memoryview, budget: int) -> int:
+    """Bytes of a block's records once decompressed; counting stops a little past ``budget``, so a
+    deflate bomb is never inflated whole (nor kept: only its length is counted)."""
+    if codec == "null":
+        return len(body)
+    if codec == "snappy":  # the block opens with its uncompressed length, a varint (then data, then a CRC)
+        n = 0
+        for i, b in enumerate(bytes(body[:5])):
+            n |= (b & 0x7F) << (7 * i)
+            if b < 0x80:
+                return n
+        raise DecodeError("corrupt snappy block: no length")
+    inflate = zlib.decompressobj(-15)  # Avro's deflate is raw deflate, no zlib header
+    size, data = 0, bytes(body)
+    try:
+        while data and size <= budget:
+            size += len(inflate.decompress(data, 1 << 20))
+            data = inflate.unconsumed_tail
+    except zlib.error as exc:
+        raise DecodeError(f"corrupt deflate block: {exc}") from None
+    return size
 
 
 @dataclass
@@ -45,23 +88,36 @@ class SinkStats:
     rows: dict[str, int] = field(default_factory=dict)
     dead_letters: int = 0
     checkpoints: int = 0
+    retries: int = 0  # failed inserts retried
+    pauses: int = 0  # times consumption was paused for a failing or slow checkpoint
+    assignments: int = 0  # partition assignments received (1 = the group never rebalanced)
+    abandoned: int = 0  # checkpoints given up uncommitted (stop or revocation during an outage)
 
 
 class ClickHouseSink:
     """Consumes the raw and derived topics into the tables of ``store``."""
 
-    def __init__(self, settings: Settings, store: Store, policy: Policy | None = None):
+    def __init__(self, settings: Settings, store: Store, policy: Policy | None = None, limits: Limits | None = None,
+                 backoff: Backoff | None = None, stop_grace: float = 5.0, max_poll_interval_ms: int = 300_000):
         self.settings = settings
         self.store = store
         self.policy = policy or Policy()
+        self.limits = limits or Limits()
         self.stats = SinkStats()
         self._topics = {settings.topic(short): short for short in SINK_TOPICS}
         self._dlq = settings.topic(DLQ_TOPIC)
         self._plans = Plans(table_columns(store))
         self._inserter = Inserter(store)
+        self._backoff = backoff or Backoff()
+        self._stop_grace = stop_grace
+        self._max_poll_interval_ms = max_poll_interval_ms
         self._writers: dict[str, TableWriter] = {}
         self._checkpoint = Checkpoint(self.policy)
-        self._lock = asyncio.Lock()  # the poll loop and the rebalance listener both checkpoint
+        self._lock = asyncio.Lock()  # one checkpoint written at a time
+        self._flush: asyncio.Task | None = None  # the checkpoint being written
+        self._flush_started = 0.0
+        self._failing_since: float | None = None  # an insert of the checkpoint being written failed
+        self._paused_at: float | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self.assigned = asyncio.Event()  # set once partitions are assigned (the bench times from here)
@@ -78,7 +134,15 @@ class ClickHouseSink:
             raise DecodeError(f"record type {header.name} does not belong on topic {msg.topic} (it carries {', '.join(allowed)})")
         if header.codec not in CODECS:
             raise DecodeError(f"Avro container codec {header.codec!r} is not one of {', '.join(CODECS)}")
-        records = sum(count for count, _ in blocks(msg.value, header))  # walks every sync marker
+        records, size, limits = 0, 0, self.limits
+        for count, body in blocks(msg.value, header):  # walks every sync marker
+            records += count
+            size += decoded_size(header.codec, body, limits.max_message_bytes - size)
+        if records > limits.max_message_records:
+            raise DecodeError(f"container holds {records} records, over the sink's limit of {limits.max_message_records} a message")
+        if size > limits.max_message_bytes:
+            raise DecodeError(f"container's records take over {limits.max_message_bytes} bytes decoded "
+                              f"({len(msg.value)} on the wire), over the sink's limit of {limits.max_message_bytes} a message")
         table = TABLES[header.name]
         try:
             self._plans.plan(table, header.name, header.schema_json)
@@ -101,12 +165,18 @@ class ClickHouseSink:
     def _writer(self, table: str) -> TableWriter:
         writer = self._writers.get(table)
         if writer is None:
-            writer = self._writers[table] = TableWriter(table, self._inserter, self._plans, self._reject)
+            writer = self._writers[table] = TableWriter(table, self._inserter, self._plans, self._reject,
+                                                        self._backoff, self._on_retry)
         return writer
 
     async def _reject(self, msg: Any, reason: str) -> None:
         await send_dead_letter(self._producer, self._dlq, msg, reason)  # type: ignore[arg-type]
         self.stats.dead_letters += 1
+
+    def _on_retry(self, table: str, tries: int, exc: BaseException) -> None:
+        self.stats.retries += 1
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
 
     async def _write(self, table: str, entries: list[Entry]) -> None:
         writer = self._writer(table)
@@ -126,13 +196,101 @@ class ClickHouseSink:
             log.debug("checkpoint: %d rows, %.1f MB, %d partitions in %.3fs", current.rows, current.bytes / 1e6,
                       len(current.offsets), time.monotonic() - started)
 
+    def _start_flush(self) -> None:
+        self._flush = asyncio.create_task(self.checkpoint(), name="rlpulse-sink-checkpoint")
+        self._flush_started = time.monotonic()
+
+    def _stalled(self) -> bool:
+        return self._failing_since is not None or time.monotonic() - self._flush_started > SLOW_FLUSH_S
+
+    def _pause(self, consumer: AIOKafkaConsumer) -> None:
+        """Stop fetching (getmany still runs, so the consumer stays in its group) until the checkpoint is in."""
+        todo = consumer.assignment() - consumer.paused()
+        if not todo:
+            return
+        consumer.pause(*todo)
+        if self._paused_at is None:
+            self._paused_at = time.monotonic()
+            self.stats.pauses += 1
+            log.warning("consumption paused on %d partitions: the checkpoint being written %s; its offsets stay "
+                        "uncommitted and the sink stays in its group", len(todo),
+                        "has a failing insert" if self._failing_since is not None else "is slow")
+
+    async def _settle(self, consumer: AIOKafkaConsumer) -> None:
+        """The checkpoint task ended: resume consumption; raise what it raised (cancelled: nothing)."""
+        task, self._flush = self._flush, None
+        failing, self._failing_since = self._failing_since, None
+        if self._paused_at is not None:
+            paused = consumer.paused() & consumer.assignment()
+            if paused:
+                consumer.resume(*paused)
+            log.info("consumption resumed after %.1fs paused (%s)", time.monotonic() - self._paused_at,
+                     "checkpoint abandoned" if task is not None and task.cancelled() else "checkpoint written and committed")
+            self._paused_at = None
+        elif failing is not None and task is not None and not task.cancelled():
+            log.info("checkpoint written and committed after %.1fs of failed inserts", time.monotonic() - failing)
+        if task is not None and not task.cancelled():
+            task.result()
+
+    async def _abandon(self, why: str) -> None:
+        """Cancel the checkpoint being written and forget what was read since: nothing of it is
+        committed, so whoever owns the partitions next reads it again (the inserts' dedup tokens
+        and the tables' keys absorb what did get in)."""
+        task = self._flush
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+        self._checkpoint = Checkpoint(self.policy)
+        self.stats.abandoned += 1
+        log.warning("checkpoint abandoned uncommitted (%s); its offsets will be read again", why)
+
+    async def _wait_flush(self, consumer: AIOKafkaConsumer) -> None:
+        """One turn of the loop while a checkpoint is written: wait for it; if it fails or drags on, keep polling paused."""
+        task = self._flush
+        assert task is not None
+        if self._stalled() and not task.done():
+            self._pause(consumer)
+            # Nothing comes from paused partitions; a partition assigned since the pause may deliver.
+            for messages in (await consumer.getmany(timeout_ms=200, max_records=POLL_MESSAGES)).values():
+                for msg in messages:
+                    await self._take(msg)
+        else:
+            await asyncio.wait({task}, timeout=0.2)
+        if task.done() and self._flush is task:
+            await self._settle(consumer)
+
+    async def on_revoked(self) -> None:
+        """Before partitions move: write and commit what was read; during an outage, give it up instead
+        (waiting would hold up the whole group's rebalance for as long as ClickHouse refuses inserts)."""
+        if self._flush is None and not self._checkpoint.empty:
+            self._start_flush()
+        task = self._flush
+        while task is not None and not task.done():
+            if self._stalled():
+                await self._abandon("partitions revoked while an insert fails")
+                return
+            await asyncio.wait({task}, timeout=0.2)
+
+    async def _shutdown(self, consumer: AIOKafkaConsumer) -> None:
+        """Write and commit what was read, for at most ``stop_grace`` seconds; then give it up uncommitted."""
+        deadline = time.monotonic() + self._stop_grace
+        if self._flush is None and not self._checkpoint.empty:
+            self._start_flush()
+        while self._flush is not None:
+            done, _ = await asyncio.wait({self._flush}, timeout=max(deadline - time.monotonic(), 0.0))
+            if not done:
+                await self._abandon(f"stopping, and the checkpoint was not written in {self._stop_grace:.0f}s")
+            await self._settle(consumer)
+            if not self._checkpoint.empty and time.monotonic() < deadline:
+                self._start_flush()  # read from partitions assigned while the last one was written
+
     # -- the loop -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         kafka = self.settings.kafka_client_kwargs()
         self._producer = AIOKafkaProducer(acks="all", **kafka)
         consumer = AIOKafkaConsumer(
             group_id=self.settings.sink_group, enable_auto_commit=False, auto_offset_reset="earliest",
-            metadata_max_age_ms=30_000,
+            metadata_max_age_ms=30_000, max_poll_interval_ms=self._max_poll_interval_ms,
             # Messages are containers of hundreds of records: fetch several per partition per
             # round trip, or the fetch size, not ClickHouse, limits a backlog's drain rate.
             max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=16 * 1024 * 1024, **kafka,
@@ -149,6 +307,9 @@ class ClickHouseSink:
             log.info("sink consuming %s into %s (database %s)", ", ".join(sorted(self._topics)), self.store.url,
                      self.store.database)
             while not stop.is_set():
+                if self._flush is not None:
+                    await self._wait_flush(consumer)
+                    continue
                 timeout = self._checkpoint.remaining() if not self._checkpoint.empty else 0.5
                 # A bounded poll keeps a checkpoint near its row and byte limits (a poll may hold many fetches).
                 batches = await consumer.getmany(timeout_ms=max(int(timeout * 1000), 10), max_records=POLL_MESSAGES)
@@ -156,9 +317,12 @@ class ClickHouseSink:
                     for msg in messages:
                         await self._take(msg)
                 if self._checkpoint.due():
-                    await self.checkpoint()
-            await self.checkpoint()
+                    self._start_flush()
+            await self._shutdown(consumer)
         finally:
+            if self._flush is not None and not self._flush.done():  # an error in the loop: commit nothing more
+                self._flush.cancel()
+                await asyncio.wait({self._flush})
             self._inserter.close()
             await self._producer.stop()
             await consumer.stop()
@@ -172,9 +336,12 @@ class _CheckpointOnRevoke(ConsumerRebalanceListener):
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         if revoked:
-            await self._sink.checkpoint()
+            await self._sink.on_revoked()
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self._sink.stats.assignments += 1
+        log.info("partitions assigned (%d): %s", len(assigned),
+                 ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned)) or "none")
         if assigned:
             self._sink.assigned.set()
 
@@ -193,15 +360,18 @@ async def serve(settings: Settings, store: Store, batch_rows: int = 100_000, flu
             loop.add_signal_handler(sig, stop.set)
     sink = ClickHouseSink(settings, store, Policy(max_rows=batch_rows, max_bytes=max_bytes, interval=flush_interval))
     await sink.run(stop)
-    log.info("sink stopped: rows %s, dead letters %d", sink.stats.rows, sink.stats.dead_letters)
+    st = sink.stats
+    log.info("sink stopped: rows %s, dead letters %d, inserts retried %d, checkpoints abandoned uncommitted %d",
+             st.rows, st.dead_letters, st.retries, st.abandoned)
     return sink.stats
 
 
-async def drain(settings: Settings, store: Store, policy: Policy | None = None, timeout: float = 300.0) -> tuple[SinkStats, float]:
+async def drain(settings: Settings, store: Store, policy: Policy | None = None, timeout: float = 300.0,
+                **options: Any) -> tuple[SinkStats, float]:
     """Run a sink until it has committed every sink topic up to the end offsets it found at start.
 
     Returns the stats and the seconds from its partition assignment to that point (a backlog's
-    drain time). Raises TimeoutError after ``timeout`` seconds.
+    drain time). Raises TimeoutError after ``timeout`` seconds. ``options`` go to ClickHouseSink.
     """
     probe = AIOKafkaConsumer(**settings.kafka_client_kwargs())
     await probe.start()
@@ -210,7 +380,7 @@ async def drain(settings: Settings, store: Store, policy: Policy | None = None, 
         end = {tp: off for tp, off in (await probe.end_offsets(tps)).items() if off > 0}
     finally:
         await probe.stop()
-    sink = ClickHouseSink(settings, store, policy)
+    sink = ClickHouseSink(settings, store, policy, **options)
     stop = asyncio.Event()
     task = asyncio.create_task(sink.run(stop))
     loop = asyncio.get_running_loop()

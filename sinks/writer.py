@@ -2,13 +2,19 @@
 
 The batch's messages are grouped by writer schema; each group is concatenated into one
 container (``schemas.codec.concat``: blocks copied, nothing decoded) and ClickHouse decodes it
-in one ``INSERT … SELECT`` (see ``sinks.avro_sql``). Retry policy, per insert:
+in one ``INSERT … SELECT`` (see ``sinks.avro_sql``). Retry policy, per insert (:func:`classify`):
 
-* ClickHouse unreachable, or busy (too many parts, memory, timeouts): keep the rows, back off,
-  retry for as long as it lasts. Nothing is dropped and the offsets stay uncommitted.
-* ClickHouse rejects the data: split the group in halves by message, recursively, until the
+* ClickHouse rejects the data (a parse or type error, a value that does not fit, a corrupt Avro
+  block: :data:`CONTENT_CODES`): split the group in halves by message, recursively, until the
   bad message stands alone; dead-letter it with ClickHouse's reason and insert the rest.
-* Any other error: retried twice, then treated as a rejection.
+* ClickHouse unreachable, busy or not ready (too many parts, memory, read-only, timeouts, an
+  unknown table): keep the rows, back off (doubling, capped), retry for as long as it lasts.
+  The writer tells its ``on_retry`` hook, so the sink pauses consumption meanwhile; nothing is
+  dropped and the offsets stay uncommitted.
+* Any other error is retried the same way, with a log line naming it every few tries. A good
+  batch must never reach the dead-letter topic because of an error nobody classified: a stalled
+  sink is visible (lag, log) and heals itself once the cause is fixed; dead-lettered rows would
+  need a replay by hand. Only errors known to be about the data are dead-lettered.
 
 Each insert carries an ``insert_deduplication_token`` naming its table, writer schema and
 topic-partition-offset ranges, so a retried insert, or a replay cut at the same offsets,
@@ -28,23 +34,92 @@ import signal
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 from urllib.parse import urlsplit
 
-from clickhouse_connect.driver.exceptions import DataError, OperationalError
+from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
 
-from schemas.codec import Header, concat
+from schemas.codec import DecodeError, Header, concat
 from sinks.avro_sql import IncompatibleSchema, InsertPlan, Plans
 from sinks.clickhouse import Store
 
 log = logging.getLogger(__name__)
 
-# ClickHouse error codes that say "not now" (busy: timeouts, memory, too many parts) or "the store
-# is not ready" (unknown table or database, access denied, syntax) rather than "not this data":
-# retried like an outage, so a dropped table or a bad deploy never dead-letters every message.
-_BUSY_CODES = {159, 164, 202, 209, 210, 236, 241, 242, 252, 285, 319, 425, 439, 999,
-               16, 60, 62, 81, 192, 194, 497, 516}
-_CODE = re.compile(r"Code: (\d+)\.")
+# ClickHouse error codes that say "not this data": the rows cannot be parsed or do not fit the
+# table. Only these dead-letter (after bisecting down to the message ClickHouse refuses).
+CONTENT_CODES = {
+    6: "CANNOT_PARSE_TEXT", 25: "CANNOT_PARSE_ESCAPE_SEQUENCE", 26: "CANNOT_PARSE_QUOTED_STRING",
+    27: "CANNOT_PARSE_INPUT_ASSERTION_FAILED", 32: "ATTEMPT_TO_READ_AFTER_EOF", 33: "CANNOT_READ_ALL_DATA",
+    38: "CANNOT_PARSE_DATE", 41: "CANNOT_PARSE_DATETIME", 53: "TYPE_MISMATCH", 69: "ARGUMENT_OUT_OF_BOUND",
+    70: "CANNOT_CONVERT_TYPE", 72: "CANNOT_PARSE_NUMBER", 117: "INCORRECT_DATA", 128: "TOO_LARGE_ARRAY_SIZE",
+    130: "CANNOT_READ_ARRAY_FROM_TEXT", 131: "TOO_LARGE_STRING_SIZE", 190: "SIZES_OF_ARRAYS_DONT_MATCH",
+    321: "VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE", 349: "CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN",
+    407: "DECIMAL_OVERFLOW", 691: "UNKNOWN_ELEMENT_OF_ENUM", 748: "AVRO_EXCEPTION",
+}
+# Codes that say "not now" (busy: timeouts, memory, too many parts, read-only) or "the store is
+# not ready" (unknown table or database, access denied): an outage, retried for as long as it
+# lasts, so a dropped table or a bad deploy never dead-letters every message.
+OUTAGE_CODES = {
+    159: "TIMEOUT_EXCEEDED", 164: "READONLY", 202: "TOO_MANY_SIMULTANEOUS_QUERIES", 209: "SOCKET_TIMEOUT",
+    210: "NETWORK_ERROR", 236: "ABORTED", 241: "MEMORY_LIMIT_EXCEEDED", 242: "TABLE_IS_READ_ONLY",
+    252: "TOO_MANY_PARTS", 285: "TOO_FEW_LIVE_REPLICAS", 319: "UNKNOWN_STATUS_OF_INSERT", 425: "SYSTEM_ERROR",
+    439: "CANNOT_SCHEDULE_TASK", 999: "KEEPER_EXCEPTION", 16: "NO_SUCH_COLUMN_IN_TABLE", 60: "UNKNOWN_TABLE",
+    81: "UNKNOWN_DATABASE", 192: "UNKNOWN_USER", 194: "REQUIRED_PASSWORD", 497: "ACCESS_DENIED",
+    516: "AUTHENTICATION_FAILED",
+}
+_CODE = re.compile(r"\bCode:\s*(\d+)")
+LOG_EVERY = 10  # a failing insert logs its first tries, then every LOG_EVERY-th
+
+
+def error_code(exc: BaseException) -> int | None:
+    """ClickHouse's error code of ``exc``: the driver's structured code, else the ``Code: N.`` in its text."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, int):
+        return code
+    match = _CODE.search(str(exc))
+    return int(match.group(1)) if match else None
+
+
+def classify(exc: BaseException) -> str:
+    """'rejected' (the rows: bisect and dead-letter), 'outage' (known: retry) or 'unknown' (retry, logged as such)."""
+    if isinstance(exc, (IncompatibleSchema, DecodeError, DataError)):
+        return "rejected"  # our own checks of the container, or the driver's of the data
+    code = error_code(exc)
+    if code in CONTENT_CODES:
+        return "rejected"
+    if code in OUTAGE_CODES or isinstance(exc, OSError):  # OSError: refused, reset, timed out, disk full
+        return "outage"
+    # The driver raises OperationalError for a transport failure (no code) or a retried request.
+    return "outage" if isinstance(exc, OperationalError) and code is None else "unknown"
+
+
+class InsertFault:
+    """A fault injected on purpose for the tests: ``RLPULSE_FAULT_INSERT_ERROR="252:3"`` makes the
+    first 3 inserts raise the error ClickHouse raises for code 252 (TOO_MANY_PARTS), in the real
+    insert path, before ClickHouse is called; ``"252"`` makes every insert raise it."""
+
+    ENV = "RLPULSE_FAULT_INSERT_ERROR"
+
+    def __init__(self, spec: str):
+        code, _, count = spec.partition(":")
+        try:
+            self.code, self.left = int(code), (int(count) if count else None)
+        except ValueError:
+            raise ValueError(f"{self.ENV}={spec!r}: expected CODE or CODE:COUNT, e.g. 252:3") from None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "InsertFault | None":
+        spec = env.get(cls.ENV, "").strip()
+        return cls(spec) if spec else None
+
+    def maybe_raise(self) -> None:
+        if self.left is not None:
+            if self.left <= 0:
+                return
+            self.left -= 1
+        name = OUTAGE_CODES.get(self.code) or CONTENT_CODES.get(self.code) or "UNCLASSIFIED"
+        raise DatabaseError(f"Code: {self.code}. DB::Exception: fault injected by {self.ENV}. ({name})",
+                            code=self.code, name=name)
 
 
 @dataclass(frozen=True)
@@ -72,14 +147,18 @@ def token(table: str, schema_json: bytes, entries: list[Entry]) -> str:
 class Inserter:
     """Runs one INSERT of container bytes: chDB reads a private temp file, a server the request body."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, env: Mapping[str, str] | None = None):
+        env = os.environ if env is None else env
         self.store = store
         self.embedded = store.url.startswith("chdb:")
         self._dir = self._private_dir(store) if self.embedded else None
         self._seq = 0
         self._lock = threading.Lock()
-        # Fault injection for the crash tests: SIGKILL this process after N inserts, before the commit.
-        self._kill_after = int(os.environ.get("RLPULSE_FAULT_KILL_AFTER_INSERTS", "0") or 0)
+        self._running: threading.Thread | None = None
+        # Faults injected on purpose by the fault tests: SIGKILL this process after N inserts,
+        # before the offset commit; raise a ClickHouse error for the first inserts.
+        self._kill_after = int(env.get("RLPULSE_FAULT_KILL_AFTER_INSERTS", "0") or 0)
+        self._fault = InsertFault.from_env(env)
         self.inserts = 0
 
     @staticmethod
@@ -94,7 +173,9 @@ class Inserter:
         return tempfile.mkdtemp(prefix="sink-tmp-", dir=root)
 
     def insert(self, plan: InsertPlan, data: bytes, dedup_token: str) -> None:
-        """Blocking; run it in a thread. Raises what clickhouse-connect raises."""
+        """Blocking. Raises what clickhouse-connect raises."""
+        if self._fault is not None:
+            self._fault.maybe_raise()
         db = self.store.database
         if self.embedded:
             with self._lock:
@@ -115,7 +196,38 @@ class Inserter:
             log.warning("fault injection: SIGKILL after %d inserts, before the offset commit", self.inserts)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def close(self) -> None:
+    async def run(self, plan: InsertPlan, data: bytes, dedup_token: str) -> None:
+        """:meth:`insert` on a daemon thread. A stopping sink may abandon the wait (a server that
+        stopped answering holds a request for minutes); :meth:`close` then decides whether to wait."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(None)
+
+        def work() -> None:
+            error = None
+            try:
+                self.insert(plan, data, dedup_token)
+            except BaseException as exc:  # handed to the awaiting task
+                error = exc
+            try:
+                loop.call_soon_threadsafe(settle, error)
+            except RuntimeError:  # the loop is closed: the sink stopped and nobody waits
+                pass
+
+        thread = threading.Thread(target=work, name="rlpulse-insert", daemon=True)
+        self._running = thread
+        thread.start()
+        await future
+
+    def close(self, wait_s: float = 1.0) -> None:
+        """Remove the temp files. An insert still running in chDB is waited for (the engine lives in
+        this process and its store must not close under it); one on a server is left after ``wait_s``."""
+        running = self._running
+        if running is not None and running.is_alive():
+            running.join(None if self.embedded else wait_s)
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -126,30 +238,44 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
     return (text[0] if text else type(exc).__name__)[:limit]
 
 
-def _kind(exc: Exception) -> str:
-    """'outage' (retry forever), 'rejected' (bisect) or 'other' (retry twice, then bisect)."""
-    if isinstance(exc, OperationalError) or isinstance(exc, (ConnectionError, TimeoutError)):
-        return "outage"
-    if isinstance(exc, IncompatibleSchema):
-        return "rejected"
-    match = _CODE.search(str(exc))
-    if match:
-        return "outage" if int(match.group(1)) in _BUSY_CODES else "rejected"
-    return "rejected" if isinstance(exc, (DataError, ValueError, TypeError)) else "other"
+def describe(exc: BaseException, limit: int = 200) -> str:
+    """``Type NAME (code N): first line`` (the URL a driver error may name carries no password)."""
+    code = error_code(exc)
+    if code is None:
+        return f"{type(exc).__name__}: {_first_line(exc, limit)}"
+    name = getattr(exc, "name", None) or OUTAGE_CODES.get(code) or CONTENT_CODES.get(code) or "error"
+    return f"{type(exc).__name__} {name} (code {code}): {_first_line(exc, limit)}"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Seconds before retry ``n`` (from 1): ``first`` doubling up to ``cap``."""
+
+    first: float = 0.2
+    cap: float = 10.0
+
+    def delay(self, n: int) -> float:
+        return min(self.first * 2 ** min(n - 1, 30), self.cap)
 
 
 class TableWriter:
-    """Writes batches of one table; rows ClickHouse rejects go to ``dead_letter`` one message each."""
+    """Writes batches of one table; rows ClickHouse rejects go to ``dead_letter`` one message each.
+
+    ``on_retry(table, tries, error)`` is called before each back-off of a failing insert: the
+    sink pauses consumption until the checkpoint being written is in.
+    """
 
     def __init__(self, table: str, inserter: Inserter, plans: Plans, dead_letter: DeadLetter,
-                 max_backoff: float = 10.0):
+                 backoff: Backoff | None = None, on_retry: Callable[[str, int, BaseException], None] | None = None):
         self.table = table
         self._inserter = inserter
         self._plans = plans
         self._dead_letter = dead_letter
-        self._max_backoff = max_backoff
+        self._backoff = backoff or Backoff()
+        self._on_retry = on_retry
         self.rows = 0  # rows written (records in the messages inserted)
         self.dead_letters = 0
+        self.retries = 0  # failed inserts retried (outages and unknown errors)
 
     async def write(self, entries: list[Entry]) -> None:
         """Insert ``entries``: one INSERT per writer schema among them (usually one)."""
@@ -167,28 +293,39 @@ class TableWriter:
             await self._insert(plan, schema_json, group)
 
     async def _insert(self, plan: InsertPlan, schema_json: bytes, group: list[Entry]) -> None:
-        backoff, others = 0.2, 0
+        tries = 0
         dedup = token(self.table, schema_json, group)
         data: bytes | None = None
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         while True:
             try:
                 if data is None:  # once, not on every retry; a failure here is classified like the insert's
                     data = concat([e.msg.value for e in group], [e.header for e in group])
-                await asyncio.to_thread(self._inserter.insert, plan, data, dedup)
-                self.rows += sum(e.records for e in group)
-                return
+                await self._inserter.run(plan, data, dedup)
             except Exception as exc:  # classified below: the driver raises many types
-                kind = _kind(exc)
-                if kind == "other":
-                    others += 1
-                    kind = "rejected" if others > 2 else "other"
+                kind = classify(exc)
                 if kind == "rejected":
                     await self._bisect(plan, schema_json, group, exc)
                     return
-                log.warning("insert of %d messages into %s failed (%s: %s); retrying in %.1fs",
-                            len(group), self.table, type(exc).__name__, _first_line(exc, 200), backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self._max_backoff)
+                tries += 1
+                self.retries += 1
+                delay = self._backoff.delay(tries)
+                if self._on_retry is not None:
+                    self._on_retry(self.table, tries, exc)
+                if tries <= 3 or tries % LOG_EVERY == 0:
+                    what = ("ClickHouse refused" if kind == "outage" else
+                            "unclassified error (retried as an outage, never dead-lettered)")
+                    log.warning("insert of %d messages into %s: %s: %s; try %d failed, %.1fs so far; retrying in %.1fs "
+                                "(consumption paused, offsets not committed)", len(group), self.table, what,
+                                describe(exc), tries, loop.time() - started, delay)
+                await asyncio.sleep(delay)
+                continue
+            self.rows += sum(e.records for e in group)
+            if tries:
+                log.info("insert of %d messages into %s succeeded after %d failed tries in %.1fs",
+                         len(group), self.table, tries, loop.time() - started)
+            return
 
     async def _bisect(self, plan: InsertPlan, schema_json: bytes, group: list[Entry], exc: Exception) -> None:
         if len(group) == 1:

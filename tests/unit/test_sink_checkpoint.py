@@ -11,7 +11,7 @@ from aiokafka.errors import CommitFailedError
 
 from schemas.codec import Codec, read_header
 from sinks.checkpoint import Checkpoint, Policy
-from sinks.writer import Entry, _kind, token
+from sinks.writer import Backoff, Entry, InsertFault, classify, describe, token
 
 
 class Clock:
@@ -160,12 +160,53 @@ def test_token_names_table_schema_and_offset_ranges_whatever_the_order() -> None
 @pytest.mark.parametrize("text, kind", [
     ("Code: 70. DB::Exception: Value in column Int32 cannot be safely converted into type UInt32", "rejected"),
     ("Code: 27. DB::Exception: Cannot parse input", "rejected"),
+    ("Code: 748. DB::Exception: avro::Exception: Invalid Avro varint. (AVRO_EXCEPTION)", "rejected"),
+    ("Code: 117. DB::Exception: Incorrect data. (INCORRECT_DATA)", "rejected"),
     ("Code: 252. DB::Exception: Too many parts", "outage"),
+    ("Code: 241. DB::Exception: Memory limit (total) exceeded", "outage"),
+    ("Code: 242. DB::Exception: Table is in readonly mode", "outage"),
+    ("Code: 164. DB::Exception: Cannot execute query in readonly mode", "outage"),
     ("Code: 60. DB::Exception: Unknown table rlpulse.steps", "outage"),
-    ("something unexpected", "other"),
+    ("Code: 1000. DB::Exception: Poco exception", "unknown"),
+    ("something unexpected", "unknown"),
 ])
 def test_errors_are_classified_as_outage_rejection_or_unknown(text: str, kind: str) -> None:
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    assert classify(DatabaseError(text)) == kind
+
+
+def test_the_structured_code_wins_and_transport_errors_are_outages() -> None:
     from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
-    assert _kind(DatabaseError(text)) == kind
-    assert _kind(OperationalError("connection refused")) == "outage"
+    # clickhouse-connect sets .code from the X-ClickHouse-Exception-Code header (text may be scrubbed)
+    assert classify(DatabaseError("The ClickHouse server returned an error", code=252)) == "outage"
+    assert classify(DatabaseError("The ClickHouse server returned an error", code=6)) == "rejected"
+    assert classify(OperationalError("connection refused")) == "outage"
+    assert classify(ConnectionRefusedError(111, "refused")) == "outage"
+    assert classify(RuntimeError("a bug")) == "unknown" and classify(KeyError("x")) == "unknown"
+
+
+def test_the_injected_insert_fault_raises_clickhouse_errors_then_stops() -> None:
+    from clickhouse_connect.driver.exceptions import DatabaseError
+
+    fault = InsertFault.from_env({"RLPULSE_FAULT_INSERT_ERROR": "252:2"})
+    for _ in range(2):
+        with pytest.raises(DatabaseError) as raised:
+            fault.maybe_raise()  # type: ignore[union-attr]
+        assert raised.value.code == 252 and classify(raised.value) == "outage"
+        assert describe(raised.value).startswith("DatabaseError TOO_MANY_PARTS (code 252): Code: 252.")
+    fault.maybe_raise()  # type: ignore[union-attr]  # the third insert goes through
+    persistent = InsertFault("164")
+    for _ in range(50):
+        with pytest.raises(DatabaseError):
+            persistent.maybe_raise()
+    assert InsertFault.from_env({}) is None
+    with pytest.raises(ValueError, match="RLPULSE_FAULT_INSERT_ERROR"):
+        InsertFault("many")
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    b = Backoff(first=0.2, cap=10.0)
+    assert [b.delay(n) for n in range(1, 8)] == [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0]
+    assert b.delay(10_000) == 10.0
