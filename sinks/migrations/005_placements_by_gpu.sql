@@ -7,8 +7,11 @@
 -- ClickHouse cannot insert a column into the middle of an existing sorting key, so the table is
 -- rebuilt: a new one, every row copied (no FINAL: rows distinct under the old key are distinct
 -- under this finer one), the two swapped by EXCHANGE (atomic: readers never see no table), the
--- old one dropped.
-CREATE TABLE IF NOT EXISTS {db}.placements_v5 (
+-- old one dropped. A rerun after a failure at any statement starts again from the placements
+-- table in place: a leftover placements_v5 is a partial copy, or the old table already copied.
+DROP TABLE IF EXISTS {db}.placements_v5;
+
+CREATE TABLE {db}.placements_v5 (
     project LowCardinality(String),
     run_id String,
     attempt UInt32,
