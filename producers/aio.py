@@ -41,6 +41,12 @@ class AsyncTrainingTelemetry:
     async def heartbeat(self) -> None:
         self.sync.heartbeat()
 
+    async def publish_span(self, span: Any) -> bool:
+        return self.sync.publish_span(span)
+
+    async def publish_hardware(self, record_type: str, key: str, record: Any) -> bool:
+        return self.sync.publish_hardware(record_type, key, record)
+
     @property
     def dropped(self) -> int:
         return self.sync.dropped

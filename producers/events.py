@@ -10,22 +10,53 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 GRADER_OUTCOMES = ("ok", "timeout", "unavailable", "unreadable", "ungradable")
 FAILURE_CAUSES = GRADER_OUTCOMES[1:]
 TRAINERS = ("rl", "sft")
 
 
+LONG_MAX = (1 << 63) - 1  # Avro long; an int beyond it cannot be encoded
+INT_MAX = (1 << 31) - 1  # Avro int
+MAX_DURATION_S = 1e9  # about 31 years: a span's start (end minus duration, in ns) stays an Avro long
+
+
+def require_text(field: str, value: str) -> str:
+    """``value`` if it encodes as UTF-8; a lone surrogate (``"\\ud800"``) raises ValueError naming the field.
+
+    Callers test ``value.isascii()`` first (cheap): only a non-ASCII string needs this encode.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{field} is not valid text: {exc.reason} at position {exc.start} of {value!r}") from None
+    return value
+
+
 def require_str(field: str, value: Any, allow_empty: bool = False) -> str:
     if not isinstance(value, str) or (not allow_empty and not value):
         raise ValueError(f"{field} must be a non-empty string, got {value!r}")
+    return value if value.isascii() else require_text(field, value)
+
+
+def optional_str(field: str, value: Any) -> str | None:
+    return None if value is None else require_str(field, value)
+
+
+def require_long(field: str, value: Any, minimum: int = -LONG_MAX - 1, maximum: int = LONG_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field} must be an integer, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{field} must be an integer from {minimum} to {maximum}, got {value!r}")
     return value
 
 
 def require_step(field: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{field} must be a non-negative integer, got {value!r}")
+    if value > LONG_MAX:
+        raise ValueError(f"{field} must be a non-negative integer of at most {LONG_MAX} (Avro long), got {value!r}")
     return value
 
 
@@ -35,16 +66,28 @@ def require_count(field: str, value: Any) -> int | None:
     return require_step(field, value)
 
 
-def require_finite(field: str, value: Any, minimum: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+def require_finite(field: str, value: Any, minimum: float | None = None, maximum: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{field} must be a finite number, got {value!r}")
-    if minimum is not None and value < minimum:
+    try:
+        number = float(value)  # an int too large for a double raises OverflowError
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"{field} must be a finite number, got {value!r}")
+    if minimum is not None and number < minimum:
         raise ValueError(f"{field} must be >= {minimum}, got {value!r}")
-    return float(value)
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{field} must be <= {maximum:g}, got {value!r}")
+    return number
 
 
 def optional_finite(field: str, value: Any, minimum: float | None = None) -> float | None:
     return None if value is None else require_finite(field, value, minimum)
+
+
+def require_duration(field: str, value: Any) -> float:
+    return require_finite(field, value, minimum=0.0, maximum=MAX_DURATION_S)
 
 
 def require_choice(field: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -82,19 +125,34 @@ def sized_attributes(field: str, values: Any, max_keys: int = MAX_ATTRIBUTES) ->
     out: dict[str, Any] = {}
     size = 0
     for key, value in values.items():
-        if type(key) is not str or not key:
+        if type(key) is not str or not key or not key.isascii():
             require_str(f"{field} key", key)
         kind = type(value)
         if kind is str:
+            if not value.isascii():
+                require_text(f"{field}[{key!r}]", value)
             size += len(value)
         elif kind is float:
             if not math.isfinite(value):
                 raise ValueError(f"{field}[{key!r}] must be finite, got {value!r}")
-        elif not isinstance(value, (str, bool, int, float)):
+        elif kind is int:
+            if not -LONG_MAX - 1 <= value <= LONG_MAX:
+                raise ValueError(f"{field}[{key!r}] is beyond Avro long (-2**63 to 2**63-1), got {value!r}")
+        elif kind is not bool:
+            if isinstance(value, (str, bool, int, float)):  # a subclass (an IntEnum, a str enum): its plain value
+                return sized_attributes(field, {k: _plain(x) for k, x in values.items()}, max_keys)
             raise ValueError(f"{field}[{key!r}] must be a string, bool, int or float, got {type(value).__name__}")
         size += len(key) + ENTRY_BYTES
         out[key] = value
     return out, size + DICT_BYTES
+
+
+def _plain(value: Any) -> Any:
+    """The plain str, int or float of a subclass (numpy.float64, an IntEnum); anything else as it is."""
+    for kind in (bool, str, int, float):
+        if isinstance(value, kind):
+            return kind(value)
+    return value
 
 
 def utf8_bytes(value: Any) -> int:
@@ -132,3 +190,119 @@ def refuse_oversized(record_type: str, limit: int, base: int, fields: Mapping[st
         name, largest = f"{name}[{key!r}]", size
     raise ValueError(f"{name} is {largest} bytes: a {record_type} record must fit in one Kafka message, at most "
                      f"{limit} bytes a record (max_message_bytes); this one would be about {total} bytes")
+
+
+# -- whole records, checked against their Avro schema (publish_span, publish_hardware, Sender.offer) --
+# The Avro encoder takes NaN and infinity as doubles (and the streams then choke on them), fails on a
+# lone surrogate or an int beyond its range only on the sender's thread, and names no field when it
+# does: these checks run at the call and name the field.
+Check = Callable[[str, Any], None]
+
+
+def _check_string(field: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{field} must be a string, got {value!r}")
+    if not value.isascii():
+        require_text(field, value)
+
+
+def _check_bytes(field: str, value: Any) -> None:
+    if not isinstance(value, (bytes, bytearray)):
+        raise ValueError(f"{field} must be bytes, got {type(value).__name__}")
+
+
+def _check_boolean(field: str, value: Any) -> None:
+    if type(value) is not bool:
+        raise ValueError(f"{field} must be True or False, got {value!r}")
+
+
+def _check_int(field: str, value: Any) -> None:
+    require_long(field, value, -INT_MAX - 1, INT_MAX)
+
+
+def _check_long(field: str, value: Any) -> None:
+    require_long(field, value)
+
+
+def _check_double(field: str, value: Any) -> None:
+    require_finite(field, value)
+
+
+_PRIMITIVES: dict[str, Check] = {"string": _check_string, "bytes": _check_bytes, "boolean": _check_boolean,
+                                 "int": _check_int, "long": _check_long, "double": _check_double, "float": _check_double}
+_BRANCHES = {str: "string", bytes: "bytes", bytearray: "bytes", bool: "boolean", int: "long", float: "double"}
+
+
+def type_check(avro_type: Any) -> Check:
+    """A check for values of one (parsed) Avro type; types it does not know are left to the encoder."""
+    if isinstance(avro_type, str):
+        if avro_type == "null":
+            return _check_null
+        return _PRIMITIVES.get(avro_type, _unchecked)
+    if isinstance(avro_type, list):  # a union: the branch of the value's Python type
+        branches = {b if isinstance(b, str) else b.get("type"): type_check(b) for b in avro_type}
+        if "int" in branches and "long" not in branches:
+            branches["long"] = branches["int"]
+        if "float" in branches and "double" not in branches:
+            branches["double"] = branches["float"]
+
+        def union(field: str, value: Any) -> None:
+            if value is None and "null" in branches:
+                return
+            kind = next((name for t, name in _BRANCHES.items() if isinstance(value, t)), None)
+            if kind == "long" and "long" not in branches and "double" in branches:
+                kind = "double"
+            if isinstance(value, Mapping):
+                kind = "map"
+            check = branches.get(kind) if kind else None
+            if check is None:
+                raise ValueError(f"{field} must be one of {', '.join(map(str, branches))}, got {value!r}")
+            check(field, value)
+        return union
+    kind = avro_type.get("type")
+    if kind == "enum":
+        symbols = tuple(avro_type["symbols"])
+
+        def enum(field: str, value: Any) -> None:
+            if value not in symbols:
+                require_choice(field, value, symbols)
+        return enum
+    if kind == "map":
+        values = type_check(avro_type["values"])
+
+        def mapping(field: str, value: Any) -> None:
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{field} must be a mapping, got {type(value).__name__}")
+            for k, x in value.items():
+                _check_string(f"{field} key", k)
+                values(f"{field}[{k!r}]", x)
+        return mapping
+    if kind in _PRIMITIVES or kind == "null":
+        return type_check(kind)
+    return _unchecked
+
+
+def _check_null(field: str, value: Any) -> None:
+    if value is not None:
+        raise ValueError(f"{field} must be null, got {value!r}")
+
+
+def _unchecked(field: str, value: Any) -> None:
+    pass
+
+
+def record_checks(parsed_schema: Mapping[str, Any]) -> dict[str, tuple[Check, bool]]:
+    """field name -> (its check, whether it has a default) for one parsed Avro record schema."""
+    return {f["name"]: (type_check(f["type"]), "default" in f) for f in parsed_schema["fields"]}
+
+
+def check_fields(checks: Mapping[str, tuple[Check, bool]], record: Mapping[str, Any], complete: bool = True) -> None:
+    """Raise ValueError naming the first field of ``record`` its schema refuses (or, if ``complete``, lacks)."""
+    for name, value in record.items():
+        entry = checks.get(name)
+        if entry is not None:
+            entry[0](name, value)
+    if complete:
+        for name, (_, has_default) in checks.items():
+            if not has_default and name not in record:
+                raise ValueError(f"{name} is required")

@@ -17,11 +17,19 @@ fill the typed fields. A span without ``rlpulse.rollout_id`` takes the one of it
 the SDK's own (``TrainingTelemetry.publish_span``), which assigns ``sequence_id`` in the
 recording process, strictly increasing per writer on the spans topic, in order of start time
 within each exported batch, so a trajectory's order survives clock skew between machines.
+
+A span the Span schema cannot carry (an attribute or ``rlpulse.reward`` that is NaN or infinite,
+an int beyond Avro long, a lone surrogate in a string) is dropped and counted in the exporter's
+``refused``, with a log line at most every 10 s: it never raises into the exporter's thread and
+never reaches the streams, where one bad record would stop the run's figures. Spans exported
+after the telemetry was closed (a ``BatchSpanProcessor`` flushing at shutdown) are still
+delivered: the writer's sender starts again for them.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -35,6 +43,7 @@ log = logging.getLogger(__name__)
 
 KINDS = ("ROLLOUT", "REWARD", "LLM", "TOOL", "GRADER", "ANNOTATION", "CUSTOM")
 MAX_TRACES = 10_000  # traces whose rollout id is remembered for late children
+REFUSED_LOG_INTERVAL_S = 10.0  # a stream of bad spans must not flood the job's log
 
 
 def _attribute_value(value: Any) -> str | float | int | bool:
@@ -43,10 +52,17 @@ def _attribute_value(value: Any) -> str | float | int | bool:
     return str(list(value))  # OpenTelemetry allows sequences; the Avro map holds scalars
 
 
+def _number(value: Any) -> Any:
+    """An int or float attribute as it is (the Span checks refuse NaN, infinities, huge ints); anything else None."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 class RlpulseSpanExporter(SpanExporter):
     def __init__(self, telemetry: "TrainingTelemetry"):
         self._tel = telemetry
         self._rollouts: OrderedDict[int, str] = OrderedDict()  # trace id -> rollout id
+        self.refused = 0  # spans dropped because a value could not be published (a full buffer counts in telemetry.dropped)
+        self._last_log = -REFUSED_LOG_INTERVAL_S
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         for span in spans:  # learn the batch's rollout ids first: children end before their entry span
@@ -59,15 +75,24 @@ class RlpulseSpanExporter(SpanExporter):
         for span in sorted(spans, key=lambda s: (s.start_time or 0, s.context.span_id)):
             try:
                 self._tel.publish_span(self._record(span))  # False (buffer full) is counted in tel.dropped
-            except ValueError as exc:  # e.g. an attribute too large for any message: skip this span only
-                log.warning("span %r not exported: %s", span.name, exc)
+            except Exception as exc:  # a bad value, or one too large for any message: drop this span only
+                self._refuse(span, exc)
         return SpanExportResult.SUCCESS
+
+    def _refuse(self, span: ReadableSpan, exc: Exception) -> None:
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._last_log >= REFUSED_LOG_INTERVAL_S:
+            self._last_log = now
+            log.warning("span %r not exported: %s (%d spans refused so far; see RlpulseSpanExporter.refused)",
+                        span.name, exc, self.refused)
 
     def _record(self, span: ReadableSpan) -> dict[str, Any]:
         attrs = dict(span.attributes or {})
         kind = str(attrs.get("rlpulse.kind", "CUSTOM")).upper()
-        step = attrs.get("rlpulse.step")
-        reward = attrs.get("rlpulse.reward")
+        step = _number(attrs.get("rlpulse.step"))
+        if type(step) is float and step.is_integer():  # 4.0 is step 4; NaN, infinities and 4.5 are refused
+            step = int(step)
         end = span.end_time or span.start_time or 0
         return {
             "time_ns": end,
@@ -82,13 +107,14 @@ class RlpulseSpanExporter(SpanExporter):
             "status_message": span.status.description or "",
             "rollout_id": str(attrs.get("rlpulse.rollout_id") or self._rollouts.get(span.context.trace_id, "")),
             "attempt_id": str(attrs.get("rlpulse.attempt_id", "")),
-            "step": int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None,
-            "reward": float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None,
+            "step": step,
+            "reward": _number(attrs.get("rlpulse.reward")),
             "attributes": {k: _attribute_value(v) for k, v in attrs.items()},
         }
 
-    def shutdown(self) -> None:
-        self._tel.flush()
+    def shutdown(self, timeout_millis: float = 30_000) -> None:
+        # BatchSpanProcessor.shutdown passes what is left of its own timeout
+        self._tel.flush(timeout_millis / 1000)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return self._tel.flush(timeout_millis / 1000) == 0

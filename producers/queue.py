@@ -63,6 +63,9 @@ class EventQueue:
         # queue, a batch when it lingers), so a caller wakes it once, not on every append.
         self._wake_at = NEVER
         self._wake: Callable[[], None] = _nothing
+        # The sender thread draining this queue (its token), and what starts one when there is none.
+        self._owner: object | None = None
+        self._starter: Callable[[], object | None] | None = None
 
     # -- callers' side -------------------------------------------------------------------
     def put(self, stream: int, channel: Channel, args: Any, size: int) -> bool:
@@ -83,7 +86,10 @@ class EventQueue:
             self.pending += 1
             if len(items) >= self._wake_at:
                 self._wake_at = NEVER
-                self._wake()
+                if self._owner is not None or self._starter is None:
+                    self._wake()
+                else:  # no sender thread (not yet, or no longer, running): start one
+                    self._start()
         return True
 
     def last_sequence(self, stream: int) -> int:
@@ -119,6 +125,51 @@ class EventQueue:
                 return False
             self._wake_at = at
             return True
+
+    def set_starter(self, starter: Callable[[], object | None], start_now: bool) -> None:
+        """``starter`` starts a sender thread (returning a token that thread releases the queue with).
+
+        While no thread drains the queue, the next ``put`` calls it (or this call does, with
+        ``start_now``, or when events are already waiting). It runs under this queue's lock, so
+        two threads never drain one queue and an event is never left without one.
+        """
+        with self._lock:
+            self._starter = starter
+            if self._owner is None:
+                if start_now or self._items:
+                    self._start()
+                else:
+                    self._wake_at = 1
+
+    def _start(self) -> None:
+        assert self._starter is not None
+        self._wake_at = NEVER
+        self._owner = self._starter()
+        if self._owner is None:  # it could not start a thread (and said why): the next put tries again
+            self._wake_at = 1
+
+    def retire(self, owner: object) -> bool:
+        """The closing sender thread ``owner`` stops if nothing is queued (True); an event queued
+        after this starts a new thread, so none is ever stranded between the check and the stop."""
+        with self._lock:
+            if self._items or self._owner is not owner:
+                return False
+            self._owner = None
+            self._wake_at = 1 if self._starter is not None else NEVER
+            return True
+
+    def release(self, owner: object) -> None:
+        """The sender thread ``owner`` stops: the next ``put`` starts another (if a starter is set)."""
+        with self._lock:
+            if self._owner is owner:
+                self._owner = None
+                self._wake_at = 1 if self._starter is not None else NEVER
+
+    def requeue(self, items: list[Item]) -> None:
+        """Put back, in front and in order, what was taken and not delivered (they keep their ids and budget)."""
+        with self._lock:
+            self._items.extendleft(reversed(items))
+            self._changed.notify_all()
 
     def disarm(self) -> None:
         with self._lock:

@@ -6,6 +6,12 @@ linger timeout passes after the first event, or someone flushes; then it takes e
 queued, encodes it into containers and delivers them. While the broker is down it retries with
 backoff and the queue's byte bound holds what waits.
 
+The thread runs while the sender is open. After ``close()`` (or in a process forked from one
+that had started it) the next event starts a thread again, which delivers what is queued and,
+once the sender is closed, stops when the queue is empty: a span an OpenTelemetry batch
+processor exports after the job closed its telemetry is delivered, not left on a dead queue.
+At interpreter exit, ``producers.process`` delivers what open senders hold, bounded in time.
+
 Publishing a ready-made record (GPU samples, placements)::
 
     sender = Sender(settings); sender.start()
@@ -16,14 +22,17 @@ Publishing a ready-made record (GPU samples, placements)::
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from producers.events import queued_bytes
+from producers import process
+from producers.events import Check, check_fields, queued_bytes, record_checks
 from producers.queue import UNSEQUENCED, Channel, EventQueue
 from producers.transport import BATCH_RECORDS, MAX_MESSAGE_BYTES, Container, KafkaTransport
 from rlpulse.settings import Settings
@@ -33,6 +42,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUFFER_BYTES = 64 * 1024 * 1024
 DEFAULT_LINGER_S = 0.05  # how long a partial batch waits for company before it is sent
+EXIT_TIMEOUT_S = 10.0  # at interpreter exit, how long an open sender may take to deliver what it holds
 ROUND_BATCHES = 20  # one round takes at most this many batches' worth, so acks free buffer bytes early
 
 
@@ -43,6 +53,7 @@ class SenderConfig:
     max_message_bytes: int = MAX_MESSAGE_BYTES  # the broker's message.max.bytes; containers stay below it
     linger_s: float = DEFAULT_LINGER_S
     producer_linger_ms: int = 5
+    exit_timeout_s: float = EXIT_TIMEOUT_S  # bound on delivering the buffer when the interpreter exits
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,28 @@ def _as_is(seq: int, record: Any) -> Any:
     return record
 
 
+class _DaemonThreads(concurrent.futures.ThreadPoolExecutor):
+    """The sender loop's executor (asyncio resolves a broker's host name in it): a daemon thread a job.
+
+    The default executor refuses work once the interpreter is exiting, which is when the exit
+    handler delivers the buffer: a broker named ``kafka:9092`` could then never be reached. (A
+    ThreadPoolExecutor only because asyncio insists on one; its pool is never used.)
+    """
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:  # handed to the awaiting coroutine
+                    future.set_exception(exc)
+
+        threading.Thread(target=work, name="rlpulse-resolve", daemon=True).start()
+        return future
+
+
 class Sender:
     """Thread-safe: publish from any thread; one background thread sends."""
 
@@ -70,17 +103,31 @@ class Sender:
         self.config = config
         self.settings = settings
         self.codec = codec or Codec()
+        self._checks: dict[str, dict[str, tuple[Check, bool]]] = {}
         self.queue = EventQueue(config.buffer_bytes, config.batch_records)
-        self.transport = KafkaTransport(settings, self.codec, max_message_bytes=config.max_message_bytes,
-                                        batch_records=config.batch_records, linger_ms=config.producer_linger_ms)
+        self.transport = self._new_transport()
+        self._fresh_thread_state()
+        self._started = False  # start() was called: delivery is on (until then events only queue)
+        self._closed = False  # close() was called: a thread started by a later event stops once the queue is empty
+        self._pid = os.getpid()
+        process.track(self)
+
+    def _new_transport(self, previous: KafkaTransport | None = None) -> KafkaTransport:
+        transport = KafkaTransport(self.settings, self.codec, max_message_bytes=self.config.max_message_bytes,
+                                   batch_records=self.config.batch_records, linger_ms=self.config.producer_linger_ms)
+        if previous is not None:
+            transport.adopt(previous)
+        return transport
+
+    def _fresh_thread_state(self) -> None:
+        """Locks, events and the thread handle: new in a forked child, never taken over from the parent."""
         self._flushing = 0  # flush() calls in progress: the sender does not linger meanwhile
         self._flush_lock = threading.Lock()
-        self._closing = threading.Event()
-        self._abort = threading.Event()  # close() gave up waiting: stop retrying
+        self._closing = threading.Event()  # deliver what is queued, then stop
+        self._abort = threading.Event()  # the current thread's: close() gave up waiting, stop retrying
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._thread_main, name="rlpulse-sender", daemon=True)
-        self._started = False
+        self._thread: threading.Thread | None = None
 
     # -- counters --------------------------------------------------------------------------
     @property
@@ -102,9 +149,23 @@ class Sender:
     def buffer_bytes(self) -> int:
         return self.queue.buffer_bytes
 
+    @property
+    def running(self) -> bool:
+        """A sender thread of this process is alive."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
     def max_record_bytes(self, schema: str, key: str) -> int:
         """The largest encoded ``schema`` record under ``key`` that fits in one message."""
         return self.transport.max_record_bytes(schema, key)
+
+    def check(self, schema: str, record: Mapping[str, Any], complete: bool = True) -> None:
+        """Raise ValueError naming the field when ``record`` does not fit its Avro schema (NaN, infinity,
+        an int beyond its range, a lone surrogate, a wrong type; a missing field if ``complete``)."""
+        checks = self._checks.get(schema)
+        if checks is None:
+            checks = self._checks[schema] = record_checks(self.codec.schema(schema))
+        check_fields(checks, record, complete)
 
     # -- publishing ------------------------------------------------------------------------
     def offer(self, item: Outgoing) -> bool:
@@ -115,7 +176,8 @@ class Sender:
         seldom (hardware: one per GPU every few seconds); the SDK's hot calls use ``put``.
         """
         record = dict(item.record)
-        # Encoding it once here names a bad field at the call and gives the exact size.
+        self.check(item.schema, record)
+        # Encoding it once here gives the exact size (and catches what the checks do not know).
         size = len(self.codec.encode(item.schema, [record])) - self.transport.header_bytes(item.schema)
         limit = self.max_record_bytes(item.schema, item.key)
         if size > limit:
@@ -130,9 +192,29 @@ class Sender:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        if not self._started:
-            self._started = True
-            self._thread.start()
+        """Turn delivery on: start the thread now (again after ``close()``, until the next close)."""
+        self._started = True
+        self._closed = False
+        self._closing.clear()
+        self.queue.set_starter(self._launch, start_now=True)
+
+    def _launch(self) -> object | None:
+        """Start a sender thread; the queue calls this under its lock, when no thread drains it.
+
+        Returns the thread's token (its abort event), or None when no thread could start.
+        """
+        abort = threading.Event()
+        transport = self._new_transport(self.transport)
+        thread = threading.Thread(target=self._thread_main, args=(transport, abort), name="rlpulse-sender",
+                                  daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # e.g. at interpreter shutdown: what is queued waits for the next try
+            log.warning("telemetry sender thread could not start (%s); %d events wait", exc, self.queue.pending)
+            return None
+        self._abort, self.transport, self._thread = abort, transport, thread
+        process.on_sender_started()
+        return abort
 
     def _wake(self) -> None:
         if self._wakeup is not None:
@@ -154,51 +236,90 @@ class Sender:
             self._flushing += 1
         self._wake()
         try:
-            return self.queue.wait_empty(time.monotonic() + timeout, self._thread.is_alive)
+            return self.queue.wait_empty(time.monotonic() + timeout, lambda: self.running)
         finally:
             with self._flush_lock:
                 self._flushing -= 1
 
-    def close(self, timeout: float = 30.0) -> int:
-        """Deliver what is buffered (up to ``timeout``), stop the thread; returns the undelivered count."""
+    def close(self, timeout: float = 30.0, join_timeout: float = 15.0) -> int:
+        """Deliver what is buffered (up to ``timeout``), stop the thread; returns the undelivered count.
+
+        What is left stays queued (and counted in ``pending``); an event queued after this starts
+        a thread again, which delivers it and whatever was left, then stops.
+        """
         undelivered = self.flush(timeout)
+        self._closed = True
         self._closing.set()
         if undelivered:
             self._abort.set()  # what is left stays undelivered: do not retry past the caller's timeout
             self._call_soon(self.transport.interrupt)
         self._wake()
-        if self._started:
-            self._thread.join(timeout=15.0)  # the producer's own stop may wait out its request timeout
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=join_timeout)  # the producer's own stop may wait out its request timeout
         return self.pending if self._started else undelivered
 
+    # -- process life (called by producers.process) ------------------------------------------
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: a new queue, locks and thread; nothing of the parent's is used or touched.
+
+        The parent's queued events stay the parent's to send (resending them here would duplicate
+        them under the parent's writer_id). Locks are made anew rather than taken before the fork
+        (as CPython's logging does): one that another thread held at the fork stays held forever in
+        the child, and nothing guarded by them is carried over, so nothing needs them consistent.
+        The parent's loop, producer and sockets are kept referenced and never closed here: closing
+        them would unregister the parent's sockets from the epoll instance the two processes share.
+        """
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        process.keep_inherited((self.queue, self.transport, self._loop, self._wakeup, self._thread))
+        self.queue = EventQueue(self.config.buffer_bytes, self.config.batch_records)
+        self.transport = self._new_transport(self.transport)
+        self._fresh_thread_state()
+        if self._closed:
+            self._closing.set()
+        if self._started:  # the child's first event starts its own thread (a child that sends nothing costs nothing)
+            self.queue.set_starter(self._launch, start_now=False)
+
+    def _deliver_at_exit(self, deadline: float) -> tuple[int, int] | None:
+        """(events buffered, events undelivered) after delivering until ``deadline``; None if not running here."""
+        if self._pid != os.getpid() or not self.running:
+            return None
+        buffered = self.pending
+        left = max(0.0, deadline - time.monotonic())
+        return buffered, self.close(left, join_timeout=min(left + 2.5, 15.0))
+
     # -- background thread -----------------------------------------------------------------
-    def _thread_main(self) -> None:
+    def _thread_main(self, transport: KafkaTransport, abort: threading.Event) -> None:
         try:
-            asyncio.run(self._run())
+            asyncio.run(self._run(transport, abort))
         except Exception:  # never silently: flush() and close() notice the dead thread
             log.exception("telemetry sender stopped")
         finally:
+            self.queue.release(abort)
             self.queue.notify()
 
-    async def _run(self) -> None:
+    async def _run(self, transport: KafkaTransport, abort: threading.Event) -> None:
         self._wakeup = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        self._loop.set_default_executor(_DaemonThreads())
         self.queue.set_waker(self._wake)
-        if not await self.transport.start(self._abort.is_set):
-            return
         try:
-            await self._drain()
+            if await transport.start(abort.is_set):
+                await self._drain(transport, abort)
         finally:
-            self.queue.set_waker(lambda: None)
-            await self.transport.stop()
+            # Let the next event start another thread while this one stops its producer.
+            self.queue.release(abort)
+            await transport.stop()
 
-    async def _drain(self) -> None:
+    async def _drain(self, transport: KafkaTransport, abort: threading.Event) -> None:
         batch = self.config.batch_records
-        while not self._abort.is_set():
+        while not abort.is_set():
             # Sleep until an event is queued (close() wakes it too; an empty queue has nothing
             # for a flush to hurry) ...
             if self.queue.arm(1):
-                if self._closing.is_set():
+                if self._closing.is_set() and self.queue.retire(abort):
                     return
                 await self._sleep(None)
             # ... then linger for a batch's worth, unless someone is waiting for delivery.
@@ -207,10 +328,12 @@ class Sender:
             self.queue.disarm()
             items = self.queue.take(batch * ROUND_BATCHES)
             if items:
-                containers, lost = self.transport.encode(items)
+                containers, lost = transport.encode(items)
                 if lost:
                     self.queue.done(0, len(lost), sum(lost))
-                await self.transport.deliver(containers, self._delivered, self._abort.is_set)
+                left = await transport.deliver(containers, self._delivered, abort.is_set)
+                if left:  # given up (close() timed out): back in front, for a later thread or count
+                    self.queue.requeue([item for c in left for item in c.items])
 
     def _hurry(self) -> bool:
         return bool(self._flushing) or self._closing.is_set()
@@ -229,4 +352,3 @@ class Sender:
     def _delivered(self, containers: list[Container], lost: list[int]) -> None:
         self.queue.done(sum(len(c.items) for c in containers), len(lost),
                         sum(c.size for c in containers) + sum(lost))
-

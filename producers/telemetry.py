@@ -7,16 +7,17 @@ that is cheapest; anything unusual goes to ``producers.events``, which converts 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from producers import events as v
+from producers import process
+from producers.events import MAX_DURATION_S
 from producers.queue import SPANS, STEPS, Channel
+from producers.records import SPAN_NULLS, Records
 from producers.sender import DEFAULT_BUFFER_BYTES, Outgoing, Sender, SenderConfig
 from rlpulse.settings import Settings
 from schemas.catalogue import run_key
@@ -41,26 +42,8 @@ GRADER_QUEUED_BYTES = 420
 STEP_QUEUED_BYTES = 380
 DICT_QUEUED_BYTES = 240  # a copied term_shares or attributes dict, plus ENTRY_BYTES an entry
 ENTRY_BYTES = 60
+_OWN_FIELDS = frozenset(("project", "run_id", "attempt", "stage", "writer_id", "sequence_id"))  # set by the writer
 _NO_SHARES: dict[str, float] = {}  # shared, never mutated: the builders only read it
-_SPAN_NULLS = dict(parent_span_id=None, status_message="", attempt_id="", step=None, attributes={}, term=None,
-                   outcome=None, score=None, judge_input_tokens=None, judge_output_tokens=None, reward=None,
-                   term_shares={}, completion_tokens=None, max_tokens=None, clipped=None, sample_id=None)
-
-
-def _span_id(text: str) -> bytes:
-    """Deterministic 8-byte id, so a rollout's children can name it as their parent."""
-    return hashlib.blake2b(text.encode(), digest_size=8).digest()
-
-
-def _trace_id(text: str) -> bytes:
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
-
-
-def _random_span_id() -> bytes:
-    # The module's generator: reseeded in a forked child, and ~15x cheaper than os.urandom's syscall.
-    return random.getrandbits(64).to_bytes(8, "big")
-
-
 class TrainingTelemetry:
     """Publishes a run's rollouts, grader calls and steps without blocking the training thread.
 
@@ -84,8 +67,8 @@ class TrainingTelemetry:
     ):
         self.project = v.require_str("project", project)
         self.run_id = v.require_str("run_id", run_id)
-        if type(attempt) is not int or attempt < 1:
-            raise ValueError(f"attempt must be a positive integer, got {attempt!r}")
+        if type(attempt) is not int or not 1 <= attempt <= v.INT_MAX:
+            raise ValueError(f"attempt must be a positive integer (Avro int), got {attempt!r}")
         self.attempt = attempt
         self.trainer = v.require_choice("trainer", trainer, v.TRAINERS)
         self.stage = v.require_str("stage", stage, allow_empty=True)
@@ -97,14 +80,15 @@ class TrainingTelemetry:
                               config=sender_config)
         self._put = self._sender.queue.put
         spans, steps = self.settings.topic("spans"), self.settings.topic("steps")
-        self._rollout_channel = Channel(spans, self.key, "Span", self._build_rollout)
-        self._grader_channel = Channel(spans, self.key, "Span", self._build_grader)
-        self._span_channel = Channel(spans, self.key, "Span", self._build_span)
-        self._step_channel = Channel(steps, self.key, "Step", self._build_step)
         identity = dict(project=self.project, run_id=self.run_id, attempt=attempt, stage=self.stage,
                         writer_id=self.writer_id)
-        self._span_base = {**_SPAN_NULLS, **identity, "status": "OK"}
+        self._span_base = {**SPAN_NULLS, **identity, "status": "OK"}
         self._step_base = {**identity, "trainer": self.trainer}
+        records = Records(self.run_id, attempt, self._span_base, self._step_base, lambda: self._sender.dropped)
+        self._rollout_channel = Channel(spans, self.key, "Span", records.rollout)
+        self._grader_channel = Channel(spans, self.key, "Span", records.grader)
+        self._span_channel = Channel(spans, self.key, "Span", records.span)
+        self._step_channel = Channel(steps, self.key, "Step", records.step)
         self._span_encoded_bytes = SPAN_ENCODED_BYTES + sum(map(len, (self.project, self.run_id, self.stage, self.writer_id)))
         self._span_limit = self._sender.max_record_bytes("Span", self.key)
         # Below this many estimated bytes a span fits even if every character took 4 bytes in
@@ -117,6 +101,8 @@ class TrainingTelemetry:
         self._stop_heartbeat = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._open = False
+        self._forked = False  # a copy in a forked child: a worker of the run (see _after_fork_in_child)
+        process.track(self)
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "TrainingTelemetry":
@@ -132,6 +118,8 @@ class TrainingTelemetry:
             return
         self._open = True
         self._sender.start()
+        if self._forked:  # a worker of the run, not the run: no RUN_START, no heartbeat
+            return
         self._step_event("RUN_START")
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="rlpulse-heartbeat", daemon=True)
         self._heartbeat_thread.start()
@@ -146,7 +134,8 @@ class TrainingTelemetry:
             return 0
         self._open = False
         self._stop_heartbeat.set()
-        self._step_event("RUN_END")
+        if not self._forked:
+            self._step_event("RUN_END")
         undelivered = self._sender.close(timeout)
         if undelivered or self._sender.dropped:
             log.warning("run %s/%d: %d events undelivered, %d dropped (buffer full)", self.run_id, self.attempt,
@@ -204,24 +193,30 @@ class TrainingTelemetry:
 
         ``clipped`` defaults to ``completion_tokens >= max_tokens`` when both are given.
         """
-        # `x - x` is 0.0 for a finite float and NaN (truthy) for NaN and the infinities.
-        if type(step) is not int or step < 0:
+        # Everything is checked before anything changes (new terms are registered last).
+        # `x - x` is 0.0 for a finite float and NaN (truthy) for NaN and the infinities; `n >> 63`
+        # is 0 only for an int from 0 to 2**63-1 (Avro long); only non-ASCII text is encoded to
+        # find a lone surrogate.
+        if type(step) is not int or step >> 63:
             v.require_step("step", step)
-        if type(rollout_id) is not str or not rollout_id:
+        if type(rollout_id) is not str or not rollout_id or not rollout_id.isascii():
             v.require_str("rollout_id", rollout_id)
         if type(reward) is not float or reward - reward:
             reward = v.require_finite("reward", reward)
         size = ROLLOUT_QUEUED_BYTES + len(rollout_id)
+        fresh = None  # term_shares naming terms not yet known: registered once every check passed
         if term_shares:
-            shares = self._checked_shares(term_shares)
+            shares = self._known_shares(term_shares)
+            if shares is None:
+                shares = fresh = v.float_map("term_shares", term_shares, MAX_TERMS)
             size += DICT_QUEUED_BYTES + sum(map(len, shares)) + ENTRY_BYTES * len(shares)
         elif term_shares is None or type(term_shares) is dict:
             shares = _NO_SHARES
         else:
-            shares = self._checked_shares(term_shares)
-        if completion_tokens is not None and (type(completion_tokens) is not int or completion_tokens < 0):
+            shares = fresh = v.float_map("term_shares", term_shares, MAX_TERMS)
+        if completion_tokens is not None and (type(completion_tokens) is not int or completion_tokens >> 63):
             v.require_count("completion_tokens", completion_tokens)
-        if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 0):
+        if max_tokens is not None and (type(max_tokens) is not int or max_tokens >> 63):
             v.require_count("max_tokens", max_tokens)
         if clipped is None:
             if completion_tokens is not None and max_tokens is not None:
@@ -229,17 +224,19 @@ class TrainingTelemetry:
         elif type(clipped) is not bool:
             raise ValueError(f"clipped must be True, False or None, got {clipped!r}")
         if sample_id is not None:
-            if type(sample_id) is not str or not sample_id:
+            if type(sample_id) is not str or not sample_id or not sample_id.isascii():
                 v.require_str("sample_id", sample_id)
             size += len(sample_id)
-        if type(duration_s) is not float or duration_s - duration_s or duration_s < 0.0:
-            duration_s = v.require_finite("duration_s", duration_s, minimum=0.0)
+        if type(duration_s) is not float or not 0.0 <= duration_s <= MAX_DURATION_S:  # NaN fails both
+            duration_s = v.require_duration("duration_s", duration_s)
         if attributes is not None:
             attributes, extra = v.sized_attributes("attributes", attributes)
             size += extra
         if size > self._span_quick_limit:
             v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, dict(
                 rollout_id=rollout_id, sample_id=sample_id, term_shares=shares, attributes=attributes))
+        if fresh:
+            self._register_terms(fresh)
         self._put(SPANS, self._rollout_channel, (self._clock(), step, rollout_id, reward, shares, completion_tokens,
                                                   max_tokens, clipped, sample_id, duration_s, attributes), size)
 
@@ -255,33 +252,37 @@ class TrainingTelemetry:
         output_tokens: int | None = None,
     ) -> None:
         """Record one score of one reward term; ``outcome`` is ok or the failure cause."""
-        if type(step) is not int or step < 0:
+        # As in rollout(): every check first, a new term registered last.
+        if type(step) is not int or step >> 63:
             v.require_step("step", step)
-        if type(rollout_id) is not str or not rollout_id:
+        if type(rollout_id) is not str or not rollout_id or not rollout_id.isascii():
             v.require_str("rollout_id", rollout_id)
-        if type(term) is not str or term not in self._terms:
-            self._check_term(v.require_str("term", term))
+        new_term = type(term) is not str or term not in self._terms  # known terms were checked when first seen
+        if new_term:
+            v.require_str("term", term)
         if type(outcome) is not str or outcome not in v.GRADER_OUTCOMES:
             v.require_choice("outcome", outcome, v.GRADER_OUTCOMES)
-        if type(duration_s) is not float or duration_s - duration_s or duration_s < 0.0:
-            duration_s = v.require_finite("duration_s", duration_s, minimum=0.0)
+        if type(duration_s) is not float or not 0.0 <= duration_s <= MAX_DURATION_S:
+            duration_s = v.require_duration("duration_s", duration_s)
         if score is not None and (type(score) is not float or score - score):
             score = v.optional_finite("score", score)
-        if input_tokens is not None and (type(input_tokens) is not int or input_tokens < 0):
+        if input_tokens is not None and (type(input_tokens) is not int or input_tokens >> 63):
             v.require_count("input_tokens", input_tokens)
-        if output_tokens is not None and (type(output_tokens) is not int or output_tokens < 0):
+        if output_tokens is not None and (type(output_tokens) is not int or output_tokens >> 63):
             v.require_count("output_tokens", output_tokens)
         size = GRADER_QUEUED_BYTES + len(rollout_id) + 2 * len(term)
         if size > self._span_quick_limit:
             v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, dict(rollout_id=rollout_id, term=term, name=term))
+        if new_term:
+            self._register_terms((term,))
         self._put(SPANS, self._grader_channel, (self._clock(), step, rollout_id, term, outcome, duration_s, score,
                                                  input_tokens, output_tokens), size)
 
     def step_completed(self, step: int, tokens: int = 0, duration_s: float = 0.0, mfu: float | None = None) -> None:
         """Record a completed step; ``step_count`` goes up by one (a repeated step after a restore counts again)."""
-        v.require_step("step", step)
+        v.require_step("step", step)  # every check before step_count changes
         v.require_step("tokens", tokens)
-        duration_s = v.require_finite("duration_s", duration_s, minimum=0.0)
+        duration_s = v.require_duration("duration_s", duration_s)
         mfu = v.optional_finite("mfu", mfu, minimum=0.0)
         self._step_event("STEP", step, tokens, duration_s, mfu, completed=1)
 
@@ -302,15 +303,20 @@ class TrainingTelemetry:
         ``time_ns``, ``trace_id``, ``span_id``, ``name``, ``kind``, ``start_time_ns`` and
         ``end_time_ns`` are required; the identity, ``writer_id`` and ``sequence_id`` are this
         writer's and override any given. Returns False when the buffer was full (counted in
-        ``dropped``); raises ValueError for a bad kind or a span that can never fit a message.
+        ``dropped``); raises ValueError naming the field for a value the Span schema refuses (NaN,
+        infinity, an int beyond Avro long, a lone surrogate, a wrong type or kind) or a span that
+        can never fit a message.
         """
-        fields = dict(span)
+        fields = {k: x for k, x in span.items() if k not in _OWN_FIELDS}
         kind = fields.get("kind")
         if kind not in SPAN_KINDS:
             raise ValueError(f"kind must be one of {', '.join(SPAN_KINDS)}; got {kind!r}")
         for name in ("time_ns", "trace_id", "span_id", "name", "start_time_ns", "end_time_ns"):
             if fields.get(name) is None:
                 raise ValueError(f"span field {name} is required")
+        self._sender.check("Span", fields, complete=False)
+        if fields.get("step") is not None:
+            v.require_step("step", fields["step"])
         variable = {k: fields.get(k) for k in ("name", "status_message", "rollout_id", "attempt_id", "attributes",
                                                "term", "outcome", "sample_id", "term_shares")}
         v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, variable)
@@ -325,27 +331,24 @@ class TrainingTelemetry:
         return self._sender.offer(Outgoing(self.settings.topic("hardware"), key, record_type, record))
 
     # -- internals -------------------------------------------------------------------------
-    def _check_term(self, term: str) -> None:
+    def _register_terms(self, terms: Iterable[str]) -> None:
+        """Add checked terms to the run's known ones, all or none (ValueError past MAX_TERMS)."""
         with self._terms_lock:
-            if term not in self._terms:
-                if len(self._terms) >= MAX_TERMS:
-                    raise ValueError(f"term {term!r} would be distinct term number {MAX_TERMS + 1} for this run; "
-                                     f"at most {MAX_TERMS} are allowed")
-                self._terms.add(term)
+            new = [t for t in terms if t not in self._terms]
+            if len(self._terms) + len(new) > MAX_TERMS:
+                raise ValueError(f"term {new[MAX_TERMS - len(self._terms)]!r} would be distinct term number "
+                                 f"{MAX_TERMS + 1} for this run; at most {MAX_TERMS} are allowed")
+            self._terms.update(new)
 
-    def _checked_shares(self, shares: Any) -> dict[str, float]:
-        """A copy of ``term_shares``, checked: the common case (known terms, finite floats) in one loop."""
+    def _known_shares(self, shares: Any) -> dict[str, float] | None:
+        """A copy of ``term_shares`` when it is the common case (known terms, finite floats), else None."""
         if type(shares) is dict and len(shares) <= MAX_TERMS:
             terms = self._terms
             for term, share in shares.items():
                 if type(share) is not float or share - share or term not in terms:
-                    break
-            else:
-                return shares.copy()  # a copy: the caller may reuse its dict after the call
-        checked = v.float_map("term_shares", shares, MAX_TERMS)
-        for term in checked:
-            self._check_term(term)
-        return checked
+                    return None
+            return shares.copy()  # a copy: the caller may reuse its dict after the call
+        return None
 
     def _step_event(self, type_: str, step: int = -1, tokens: int = 0, duration_s: float = 0.0,
                     mfu: float | None = None, completed: int = 0) -> None:
@@ -357,41 +360,40 @@ class TrainingTelemetry:
             self._put(STEPS, self._step_channel,
                       (self._clock(), type_, step, self.step_count, tokens, duration_s, mfu, spans_sent), STEP_QUEUED_BYTES)
 
+    # -- process life (called by producers.process) ------------------------------------------
+    def _after_fork_in_child(self) -> None:
+        """This writer's copy in a forked child becomes a worker's writer of the same run.
+
+        Its own ``writer_id``, so its sequences start again at 1 without colliding with the
+        parent's (the streams keep marks per run, attempt and writer); its own empty queue and
+        sender (the parent's queued events stay the parent's to send); locks and events made anew,
+        never inherited (see ``producers.process``); terms and ``step_count`` carried over.
+
+        A DataLoader worker is not a new run and does not end the run: it publishes no RUN_START,
+        RUN_END or heartbeat. RUN_END would end the attempt for the stall detector (resolving its
+        alerts while the job still trains) and set the end of its open steps; heartbeats would
+        report a stale ``step_count``. Its spans are still a writer's stream of their own, which
+        the streams close without a RUN_END: it stops holding back the run's event time once the
+        run's other writers have been heard from for the retention (a writer that went quiet), and
+        an idle run closes by the wall clock. So a worker that exits never leaves the run looking
+        unfinished; at worst its last windows close a retention later. Events of a child that
+        leaves through ``os._exit`` are delivered only by a ``flush()`` before it; a normal exit
+        and a ``multiprocessing`` worker's exit deliver them (``producers.process``).
+        """
+        self._sender._after_fork_in_child()
+        self._put = self._sender.queue.put
+        self.writer_id = os.urandom(8).hex()
+        self._span_base["writer_id"] = self._step_base["writer_id"] = self.writer_id
+        self._terms = set(self._terms)
+        self._terms_lock = threading.Lock()
+        self._step_lock = threading.Lock()
+        self._stop_heartbeat = threading.Event()
+        self._heartbeat_thread = None
+        self._forked = True
+
+    def _stop_at_exit(self) -> None:
+        self._stop_heartbeat.set()  # the exit delivers what is buffered; no new heartbeat joins it
+
     def _heartbeat_loop(self) -> None:
         while not self._stop_heartbeat.wait(self.settings.heartbeat_interval):
             self.heartbeat()
-
-    # -- record builders: these run on the sender's thread -----------------------------------
-    def _build_rollout(self, seq: int, a: tuple) -> dict[str, Any]:
-        now, step, rollout_id, reward, shares, completion_tokens, max_tokens, clipped, sample_id, duration_s, attrs = a
-        ids = f"{self.run_id}/{self.attempt}/{rollout_id}"
-        return {**self._span_base, "sequence_id": seq, "time_ns": now, "trace_id": _trace_id(ids),
-                "span_id": _span_id(f"{ids}/rollout"), "name": "rollout", "kind": "ROLLOUT",
-                "start_time_ns": now - int(duration_s * 1e9), "end_time_ns": now, "rollout_id": rollout_id,
-                "step": step, "attributes": attrs or {}, "reward": reward, "term_shares": shares,
-                "completion_tokens": completion_tokens, "max_tokens": max_tokens, "clipped": clipped,
-                "sample_id": sample_id}
-
-    def _build_grader(self, seq: int, a: tuple) -> dict[str, Any]:
-        now, step, rollout_id, term, outcome, duration_s, score, input_tokens, output_tokens = a
-        ids = f"{self.run_id}/{self.attempt}/{rollout_id}"
-        ok = outcome == "ok"
-        return {**self._span_base, "sequence_id": seq, "time_ns": now, "trace_id": _trace_id(ids),
-                "span_id": _random_span_id(), "parent_span_id": _span_id(f"{ids}/rollout"), "name": f"grader {term}",
-                "kind": "GRADER", "start_time_ns": now - int(duration_s * 1e9), "end_time_ns": now,
-                "status": "OK" if ok else "ERROR", "status_message": "" if ok else outcome, "rollout_id": rollout_id,
-                "step": step, "term": term, "outcome": outcome,
-                "score": score if ok else 0.0,  # a failed score counts as zero for its term (seed 001)
-                "judge_input_tokens": input_tokens, "judge_output_tokens": output_tokens}
-
-    def _build_span(self, seq: int, fields: dict[str, Any]) -> dict[str, Any]:
-        return {**self._span_base, **fields, **{k: self._span_base[k] for k in ("project", "run_id", "attempt",
-                                                                                  "stage", "writer_id")},
-                "sequence_id": seq}
-
-    def _build_step(self, seq: int, a: tuple) -> dict[str, Any]:
-        now, type_, step, step_count, tokens, duration_s, mfu, spans_sent = a
-        return {**self._step_base, "sequence_id": seq, "time_ns": now, "type": type_, "step": step, "spans_sent": spans_sent,
-                "step_count": step_count, "tokens": tokens, "duration_s": duration_s,
-                "throughput": tokens / duration_s if duration_s > 0 else 0.0, "mfu": mfu,
-                "dropped_events": self._sender.dropped}

@@ -61,6 +61,11 @@ class KafkaTransport:
         self._topics_ready = False
         self._interrupted = asyncio.Event()  # cuts a backoff short when the sender gives up
 
+    def adopt(self, previous: "KafkaTransport") -> None:
+        """Take over what ``previous`` learnt (topics created, header sizes): a new thread's transport."""
+        self._topics_ready = previous._topics_ready
+        self._headers = dict(previous._headers)
+
     def interrupt(self) -> None:
         """End any backoff wait now (call on the transport's loop)."""
         self._interrupted.set()
