@@ -1,10 +1,12 @@
-"""At-least-once into ClickHouse, exactly once through the saved queries: a sink killed with
-SIGKILL between an insert and its offset commit, and a full replay of every offset, leave every
-saved query's answer and every table's deduplicated rows unchanged; a row ClickHouse rejects is
-isolated, dead-lettered with ClickHouse's reason, and the rest lands.
+"""At-least-once into ClickHouse, exactly once after dedup: a sink killed with SIGKILL in the
+middle of a checkpoint (some of its tables inserted, the others not, no offset committed), and a
+full replay of every offset, leave every saved query's answer unchanged and exactly one row per
+event sent in a plain ``SELECT count()`` after ``OPTIMIZE TABLE … FINAL``; a row ClickHouse
+rejects is isolated, dead-lettered with ClickHouse's reason, and the rest lands.
 
 Containers are produced directly (codec + aiokafka) for every table the saved queries read,
-and ``rlpulse sink`` runs as a child process, as a user runs it.
+and ``rlpulse sink`` runs as a child process, as a user runs it. The helpers here (start a sink,
+read a group's offsets, count rows) serve the other sink fault tests too.
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ import json
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
-from rlpulse.pipeline import Pipeline, settings_env
+from rlpulse.pipeline import settings_env
 from rlpulse.settings import Settings
-from schemas.catalogue import TABLES
-from schemas.topics import ensure_topics
+from schemas.catalogue import SINK_TOPICS, TABLES
+from schemas.topics import ensure_topics, topic_partitions
 from sinks.clickhouse import open_store
 from sinks.dlq import read_dead_letters
 # The sibling module by its own name: pytest puts tests/integration on sys.path (no __init__.py there).
@@ -28,6 +34,76 @@ from test_sink_avro import (CODEC, NOW, PROJECT, RUN, TOPIC_OF, counts, ident, p
                             samples, span, step)
 
 pytestmark = pytest.mark.integration
+
+
+# -- helpers for tests that run `rlpulse sink` as a child process ------------------------------------
+def start_sink(settings: Settings, log: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``rlpulse sink ARGS`` with these settings (plus ``env``: fault hooks), its output appended to ``log``."""
+    out = open(log, "ab")
+    try:
+        return subprocess.Popen([sys.executable, "-m", "rlpulse.cli", "sink", *args],
+                                env={**settings_env(settings), **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    finally:
+        out.close()
+
+
+async def _offsets(settings: Settings, group: str, shorts: tuple[str, ...]) -> tuple[dict, dict]:
+    kafka = settings.kafka_client_kwargs()
+    consumer, admin = AIOKafkaConsumer(**kafka), AIOKafkaAdminClient(**kafka)
+    await consumer.start()
+    await admin.start()
+    try:
+        tps = [tp for s in shorts for tp in await topic_partitions(consumer, settings.topic(s))]
+        end = await consumer.end_offsets(tps)
+        committed = await admin.list_consumer_group_offsets(group)
+        return dict(end), {tp: max(committed[tp].offset, 0) if tp in committed else 0 for tp in tps}
+    finally:
+        await admin.close()
+        await consumer.stop()
+
+
+def offsets(settings: Settings, group: str | None = None,
+            shorts: tuple[str, ...] = SINK_TOPICS) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """End offsets of the topics, and the group's committed offsets on them (0 where none): the sink's by default."""
+    return asyncio.run(_offsets(settings, group or settings.sink_group, shorts))
+
+
+def wait_committed(settings: Settings, proc: subprocess.Popen, log: Path, timeout: float = 120.0) -> float:
+    """Wait until the sink group has committed every sink topic to its end; returns the seconds waited."""
+    started = time.monotonic()
+    while True:
+        end, committed = offsets(settings)
+        if committed == end:
+            return time.monotonic() - started
+        if proc.poll() is not None:
+            raise AssertionError(f"rlpulse sink exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"sink did not commit everything in {timeout:.0f}s:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+
+
+def stop_sink(proc: subprocess.Popen, timeout: float = 60.0) -> tuple[int, float]:
+    """SIGTERM; returns the exit code and the seconds the sink took to exit."""
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout)
+    return code, time.monotonic() - started
+
+
+def plain_counts(settings: Settings, optimize: bool = False) -> dict[str, int]:
+    """``SELECT count()`` of every table, after ``OPTIMIZE TABLE … FINAL`` (the merge that dedups) when asked."""
+    with open_store(settings.clickhouse_dsn, owner="test") as store:
+        if optimize:
+            for table in TABLES.values():
+                store.client.command(f"OPTIMIZE TABLE {store.database}.{table} FINAL")
+        return counts(store, final=False)
+
+
+def dead_letter_count(settings: Settings) -> int:
+    end, _ = offsets(settings, shorts=("dlq",))
+    return sum(end.values())
+
 
 SAVED = {
     "stalled-runs": [],
@@ -73,18 +149,29 @@ def saved_answers(settings: Settings) -> dict:
     return answers
 
 
-def killed_then_restarted(settings: Settings) -> None:
-    """``rlpulse sink`` dies by SIGKILL right after its first insert; a second one takes over."""
-    with Pipeline(settings) as pipeline:
-        pipeline.start(("sink",), extra_env={"RLPULSE_FAULT_KILL_AFTER_INSERTS": "1"})
-        assert pipeline.procs["sink"].wait(120) == -signal.SIGKILL
-        pipeline.procs.clear()
-        pipeline.start(("sink",))
-        pipeline.wait_caught_up(0)
-        pipeline.stop()
+def killed_mid_checkpoint_then_restarted(settings: Settings, log: Path, expected: dict[str, int], fresh: bool) -> None:
+    """``rlpulse sink`` dies by SIGKILL after the 3rd insert of its first checkpoint; a second one takes over.
+
+    All messages are on the topics before the sink starts and a checkpoint is due 3 s after its
+    first message, so the first checkpoint holds every message: one insert per table, ten tables.
+    """
+    proc = start_sink(settings, log, "--flush-interval", "3", env={"RLPULSE_FAULT_KILL_AFTER_INSERTS": "3"})
+    assert proc.wait(120) == -signal.SIGKILL, log.read_text()[-3000:]
+    # Mid-batch: three tables hold rows, the other seven none, and not one offset is committed.
+    end, committed = offsets(settings)
+    assert set(committed.values()) == {0} and sum(end.values()) == len(workload())
+    found = plain_counts(settings)
+    if fresh:  # into an empty store (a replay's inserts carry the tokens of the first run: nothing changes)
+        inserted = {t for t, n in found.items() if n}
+        assert len(inserted) == 3 and all(found[t] == expected[t] for t in inserted), found
+    else:
+        assert found == expected
+    proc = start_sink(settings, log, "--flush-interval", "3")
+    wait_committed(settings, proc, log)
+    assert stop_sink(proc)[0] == 0
 
 
-def test_sigkill_between_insert_and_commit_and_a_replay_lose_and_double_nothing(settings: Settings, rewind_sink) -> None:
+def test_sigkill_mid_checkpoint_and_a_replay_lose_and_double_nothing(settings: Settings, rewind_sink, tmp_path) -> None:
     ensure_topics(settings)
     messages = workload()
     publish(settings, messages[::2], key=f"{PROJECT}/{RUN}")
@@ -93,24 +180,26 @@ def test_sigkill_between_insert_and_commit_and_a_replay_lose_and_double_nothing(
     for _, value in messages:  # every event has its own natural key here
         decoded = CODEC.decode(value)
         expected[TABLES[decoded.name]] += len(decoded.records)
+    sent = sum(expected.values())
+    log = tmp_path / "sink.log"
 
-    killed_then_restarted(settings)  # from an empty store: the first insert is in, its offsets are not
+    killed_mid_checkpoint_then_restarted(settings, log, expected, fresh=True)
+    # The restarted sink cut its checkpoint at the same offsets, so the three tables' second
+    # inserts carried the same dedup tokens and were dropped: exact even before any merge.
+    assert plain_counts(settings) == expected
     first = saved_answers(settings)
-    with open_store(settings.clickhouse_dsn, owner="test") as store:
-        assert counts(store, final=True) == expected  # nothing lost, nothing doubled
+    assert plain_counts(settings, optimize=True) == expected and sum(plain_counts(settings).values()) == sent == 38
     assert len(first["reward-percentiles"]) == 3 and len(first["clipped-ratio-trend"]) == 3
     assert len(first["gpu-utilization-by-run"]) == 1 and len(first["span-tree"]) == 11
     assert [row["key"] for row in first["stalled-runs"]] == [f"{RUN}/1"]
     assert {(r["cause"], r["failures"], r["graded"]) for r in first["failures-by-cause"]} >= {("timeout", 9, 40), ("unreadable", 6, 30)}
 
-    rewind_sink()  # every offset again, and again killed after one insert
-    killed_then_restarted(settings)
+    rewind_sink()  # every offset again, and again killed in the middle of the checkpoint
+    killed_mid_checkpoint_then_restarted(settings, log, expected, fresh=False)
     assert saved_answers(settings) == first
-    with open_store(settings.clickhouse_dsn, owner="test") as store:
-        assert counts(store, final=True) == expected
-        for table in TABLES.values():
-            store.client.command(f"OPTIMIZE TABLE {store.database}.{table} FINAL")
-        assert counts(store, final=False) == expected
+    assert plain_counts(settings, optimize=True) == expected  # one row per event sent, in a plain count()
+    assert dead_letter_count(settings) == 0
+    assert "dead letter from" not in log.read_text()
 
 
 def test_a_row_clickhouse_rejects_is_dead_lettered_alone_and_the_rest_lands(settings: Settings) -> None:
