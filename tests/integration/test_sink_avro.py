@@ -24,7 +24,7 @@ from schemas.topics import ensure_topics
 from sinks.checkpoint import Policy
 from sinks.clickhouse import Store, migrate, open_store
 from sinks.dlq import read_dead_letters
-from sinks.sink import SinkStats, drain
+from sinks.sink import Limits, SinkStats, drain
 
 pytestmark = pytest.mark.integration
 CODEC = Codec()
@@ -99,10 +99,10 @@ TOPIC_OF = {"Span": "spans", "Step": "steps", "GpuSample": "hardware", "Placemen
             "RewardHistogram": "reward-histograms", "CompletionLengthHistogram": "length-histograms", "Alert": "alerts"}
 
 
-def encode_with(schema: dict[str, Any], records: list[dict[str, Any]]) -> bytes:
-    """A container under an arbitrary writer schema (an older or newer SDK's)."""
+def encode_with(schema: dict[str, Any], records: list[dict[str, Any]], codec: str = "null") -> bytes:
+    """A container under an arbitrary writer schema (an older or newer SDK's), or codec."""
     buf = io.BytesIO()
-    fastavro.writer(buf, fastavro.parse_schema(schema), records)
+    fastavro.writer(buf, fastavro.parse_schema(schema), records, codec=codec)
     return buf.getvalue()
 
 
@@ -121,11 +121,11 @@ def publish(settings: Settings, messages: list[tuple[str, bytes]], key: str = f"
     asyncio.run(publish_async(settings, messages, key))
 
 
-def run_sink(settings: Settings, policy: Policy | None = None) -> SinkStats:
+def run_sink(settings: Settings, policy: Policy | None = None, **options: Any) -> SinkStats:
     """Run the sink in this process until it has committed everything published so far."""
     with open_store(settings.clickhouse_dsn, owner="test sink") as store:
         migrate(store)
-        stats, _ = asyncio.run(drain(settings, store, policy, timeout=120))
+        stats, _ = asyncio.run(drain(settings, store, policy, timeout=120, **options))
     return stats
 
 
@@ -218,6 +218,53 @@ def test_garbage_and_the_wrong_record_type_are_dead_lettered_and_neighbours_land
     assert all(d["source"].startswith(settings.topic("spans")) for d in letters)
     with open_store(settings.clickhouse_dsn, owner="test") as store:
         assert [r["sequence_id"] for r in rows(store, "spans", "sequence_id")] == [1, 2, 3, 4]
+
+
+def test_truncated_and_oversize_containers_are_dead_lettered_and_neighbours_land(settings: Settings) -> None:
+    """The sink's limits (``sinks.sink.Limits``), here 50 records and 64 KiB of decoded records a
+    message: one record over, one byte-heavy record over, and containers cut short in the header
+    and in a block go to the dead-letter topic with their reasons; the good messages between
+    them, in the same checkpoint, land whole."""
+    ensure_topics(settings)
+    good = [CODEC.encode("Span", [span(10 * m + i) for i in range(10)]) for m in range(4)]  # 40 spans
+    too_many = CODEC.encode("Span", [span(1000 + i) for i in range(51)])
+    too_big = CODEC.encode("Step", [step(900, stage="x" * 70_000)])
+    messages = [("spans", good[0]), ("spans", good[1][:40]), ("spans", too_many), ("spans", good[1]),
+                ("steps", CODEC.encode("Step", [step(i) for i in range(5)])), ("steps", too_big),
+                ("spans", good[2][:-20]), ("spans", good[2]), ("steps", CODEC.encode("Step", [step(5)])),
+                ("spans", good[3])]
+    publish(settings, messages)
+    stats = run_sink(settings, limits=Limits(max_message_records=50, max_message_bytes=64 * 1024))
+    assert stats.dead_letters == 4 and stats.rows == {"spans": 40, "steps": 6}
+    letters = asyncio.run(read_dead_letters(settings.kafka_client_kwargs(), settings.topic("dlq")))
+    reasons = {(d["source"].split("[")[0], int(d["source"].rsplit("@", 1)[1])): d["reason"] for d in letters}
+    spans, steps = settings.topic("spans"), settings.topic("steps")
+    assert set(reasons) == {(spans, 1), (spans, 2), (steps, 1), (spans, 4)}
+    assert "truncated Avro container" in reasons[(spans, 1)]  # cut inside the header
+    assert "container holds 51 records, over the sink's limit of 50 a message" in reasons[(spans, 2)]
+    assert "over the sink's limit of 65536 a message" in reasons[(steps, 1)]
+    assert "runs past the end" in reasons[(spans, 4)]
+    with open_store(settings.clickhouse_dsn, owner="test") as store:
+        assert [r["sequence_id"] for r in rows(store, "spans", "sequence_id")] == list(range(40))
+        assert [r["sequence_id"] for r in rows(store, "steps", "sequence_id")] == list(range(6))
+
+
+def test_a_deflate_bomb_over_the_default_limit_is_dead_lettered_and_neighbours_land(settings: Settings) -> None:
+    """A deflate container of ~17 KB on the wire whose one record decodes to 17 MiB, over the
+    default limit of 16 MiB of decoded records a message: refused before ClickHouse inflates it."""
+    ensure_topics(settings)
+    schema = load_schemas()["rlpulse.v1.Step"]
+    bomb = encode_with(schema, [step(7, stage="\0" * (17 * 1024 * 1024))], codec="deflate")
+    assert len(bomb) < 100_000
+    publish(settings, [("steps", encode_with(schema, [step(i) for i in range(3)], codec="deflate")), ("steps", bomb),
+                       ("steps", CODEC.encode("Step", [step(3)]))])
+    stats = run_sink(settings)
+    assert stats.dead_letters == 1 and stats.rows == {"steps": 4}
+    [letter] = asyncio.run(read_dead_letters(settings.kafka_client_kwargs(), settings.topic("dlq")))
+    assert letter["source"] == f"{settings.topic('steps')}[{letter['source'].split('[')[1].split(']')[0]}]@1"
+    assert f"over {Limits().max_message_bytes} bytes decoded" in letter["reason"] and letter["bytes"] == len(bomb)
+    with open_store(settings.clickhouse_dsn, owner="test") as store:
+        assert [r["sequence_id"] for r in rows(store, "steps", "sequence_id")] == [0, 1, 2, 3]
 
 
 def test_a_replayed_range_leaves_the_same_rows(settings: Settings, rewind_sink) -> None:
