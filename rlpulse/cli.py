@@ -142,12 +142,21 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     import asyncio
 
     from schemas.catalogue import DLQ_TOPIC
-    from sinks.dlq import read_dead_letters
+    from sinks.dlq import LEDGER_TOPIC, read_dead_letters, replay_dead_letters
     from sinks.report import print_table
 
     settings = _settings(args)
-    letters = asyncio.run(read_dead_letters(settings.kafka_client_kwargs(), settings.topic(DLQ_TOPIC), args.limit))
-    print_table(["source", "bytes", "reason"], [(d["source"], d["bytes"], d["reason"]) for d in letters])
+    if args.action == "replay":
+        report = asyncio.run(replay_dead_letters(settings, args.topic, args.reason, args.dry_run))
+        print_table(["source", "to", "reason"], [(r["source"], r["to"], r["reason"]) for r in report.replayed])
+        print(f"{'would replay' if args.dry_run else 'replayed'} {len(report.replayed)} dead letters; skipped "
+              f"{report.already} replayed before, {report.filtered} not matching the filters, "
+              f"{report.unroutable} without a source topic")
+        return 0
+    letters = asyncio.run(read_dead_letters(settings.kafka_client_kwargs(), settings.topic(DLQ_TOPIC), args.limit,
+                                            settings.topic(LEDGER_TOPIC)))
+    print_table(["source", "bytes", "replayed to", "reason"],
+                [(d["source"], d["bytes"], d["replayed"], d["reason"]) for d in letters])
     print(f"{len(letters)} dead letters on {settings.topic(DLQ_TOPIC)}")
     return 0
 
@@ -279,8 +288,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("dlq", help="show the dead letters: source topic/partition/offset and reason")
-    p.add_argument("--limit", type=int, default=100)
+    p = sub.add_parser("dlq", help="show the dead letters (source, reason); `dlq replay` puts them back once the cause is fixed",
+                       description="`rlpulse dlq` lists the last dead letters: source topic/partition/offset, size, "
+                       "reason, and where a replay sent each. `rlpulse dlq replay` republishes each dead letter not "
+                       "replayed yet (original bytes and key) to its source topic, where the sink reads it again; "
+                       "what it replayed is recorded (topic <prefix>.dlq-replayed, group <prefix>-dlq-replay), so a "
+                       "second replay sends nothing twice.")
+    p.add_argument("action", nargs="?", choices=["list", "replay"], default="list", help="list (default) or replay")
+    p.add_argument("--limit", type=int, default=100, help="list: the last N dead letters")
+    p.add_argument("--topic", help="replay: only letters from this source topic (short name such as spans, or full)")
+    p.add_argument("--reason", help="replay: only letters whose reason contains this text (any case)")
+    p.add_argument("--dry-run", action="store_true", help="replay: print what would be replayed, send nothing")
     _add_common(p)
     p.set_defaults(func=cmd_dlq)
 
