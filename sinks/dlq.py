@@ -63,7 +63,7 @@ async def read_dead_letters(kafka_kwargs: dict, dlq_topic: str, limit: int = 100
     """The last ``limit`` dead letters: source, reason, the size of the original bytes, and (with
     the replay ledger's topic) where a replay sent each, or ''."""
     replayed = {}
-    if ledger_topic is not None:
+    if ledger_topic is not None and await _exists(kafka_kwargs, ledger_topic):  # none before the first replay
         replayed = {m.key.decode(): json.loads(m.value)["to"] for m in await read_topic(kafka_kwargs, ledger_topic)
                     if m.key is not None and m.value is not None}
     letters = []
@@ -92,6 +92,15 @@ class ReplayReport:
     already: int = 0  # replayed by an earlier replay (ledger, or below the group's offset)
     filtered: int = 0  # not matching --topic / --reason
     unroutable: int = 0  # no source topic in the headers: nowhere to send it
+
+
+async def _exists(kafka_kwargs: dict, topic: str) -> bool:
+    admin = AIOKafkaAdminClient(**kafka_kwargs)
+    await admin.start()
+    try:
+        return topic in set(await admin.list_topics())
+    finally:
+        await admin.close()
 
 
 async def _ensure_ledger(settings: Settings) -> str:

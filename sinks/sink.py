@@ -218,17 +218,14 @@ class ClickHouseSink:
 
     async def _settle(self, consumer: AIOKafkaConsumer) -> None:
         """The checkpoint task ended: resume consumption; raise what it raised (cancelled: nothing)."""
-        task, self._flush = self._flush, None
-        failing, self._failing_since = self._failing_since, None
+        task, self._flush, self._failing_since = self._flush, None, None
         if self._paused_at is not None:
             paused = consumer.paused() & consumer.assignment()
             if paused:
                 consumer.resume(*paused)
-            log.info("consumption resumed after %.1fs paused (%s)", time.monotonic() - self._paused_at,
-                     "checkpoint abandoned" if task is not None and task.cancelled() else "checkpoint written and committed")
+            log.info("consumption resumed after %.1fs paused (checkpoint %s)", time.monotonic() - self._paused_at,
+                     "abandoned" if task is not None and task.cancelled() else "written")
             self._paused_at = None
-        elif failing is not None and task is not None and not task.cancelled():
-            log.info("checkpoint written and committed after %.1fs of failed inserts", time.monotonic() - failing)
         if task is not None and not task.cancelled():
             task.result()
 
