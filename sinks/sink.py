@@ -38,7 +38,7 @@ from sinks.avro_sql import IncompatibleSchema, Plans
 from sinks.checkpoint import Checkpoint, Policy
 from sinks.clickhouse import Store, table_columns
 from sinks.dlq import queue_dead_letter, send_dead_letter
-from sinks.writer import Backoff, Entry, Inserter, TableWriter, describe
+from sinks.writer import Backoff, Entry, Inserter, TableWriter
 
 log = logging.getLogger(__name__)
 
