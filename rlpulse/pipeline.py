@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
@@ -48,8 +48,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-async def lag_async(settings: Settings, group: str, shorts: tuple[str, ...]) -> dict[str, int]:
-    """Messages not yet committed by ``group``, per topic (a topic the group never committed counts whole)."""
+async def offsets_async(settings: Settings, group: str,
+                        shorts: tuple[str, ...]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """End offsets of the topics, and ``group``'s committed offsets on them (0 where it never committed)."""
     kafka = settings.kafka_client_kwargs()
     consumer = AIOKafkaConsumer(**kafka)
     admin = AIOKafkaAdminClient(**kafka)
@@ -62,15 +63,27 @@ async def lag_async(settings: Settings, group: str, shorts: tuple[str, ...]) -> 
             raise RuntimeError(f"topics missing on {settings.kafka_bootstrap}: {sorted(set(topics) - {tp.topic for tp in tps})}")
         end = await consumer.end_offsets(tps) if tps else {}
         committed = await admin.list_consumer_group_offsets(group)
-        lag = {t: 0 for t in topics}
+        done = {}
         for tp in tps:
             meta = committed.get(tp)
-            done = meta.offset if meta is not None and meta.offset >= 0 else 0
-            lag[tp.topic] += max(end[tp] - done, 0)
-        return lag
+            done[tp] = meta.offset if meta is not None and meta.offset >= 0 else 0
+        return dict(end), done
     finally:
         await admin.close()
         await consumer.stop()
+
+
+def offsets(settings: Settings, group: str, shorts: tuple[str, ...]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    return asyncio.run(offsets_async(settings, group, shorts))
+
+
+async def lag_async(settings: Settings, group: str, shorts: tuple[str, ...]) -> dict[str, int]:
+    """Messages not yet committed by ``group``, per topic (a topic the group never committed counts whole)."""
+    end, done = await offsets_async(settings, group, shorts)
+    lag = {settings.topic(s): 0 for s in shorts}
+    for tp, n in end.items():
+        lag[tp.topic] += max(n - done[tp], 0)
+    return lag
 
 
 def lag(settings: Settings, group: str, shorts: tuple[str, ...]) -> dict[str, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator
@@ -103,3 +104,39 @@ async def _commit_zero(settings: Settings, group: str, shorts: tuple[str, ...]) 
 def rewind_sink(settings: Settings) -> Callable[[], None]:
     """Commits offset 0 for the sink's group on every topic it reads: the next sink reads it all again."""
     return lambda: asyncio.run(_commit_zero(settings, settings.sink_group, SINK_TOPICS))
+
+
+OWN_BROKER_BOOTSTRAP = "127.0.0.1:19392"  # test_sdk_broker_down.py has 19292; the shared broker 9092
+
+
+class OwnBroker:
+    """A Kafka broker of one test's own, which the test may stop and start again; the shared
+    broker never is. ``down`` then ``up`` keeps its data directory: topics, messages and
+    committed offsets survive, as they would a broker restart in production."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    @property
+    def bootstrap(self) -> str:
+        return self.settings.kafka_bootstrap
+
+    def up(self) -> None:
+        services.up(self.settings)
+
+    def down(self) -> None:
+        services.down(self.settings)
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
+    """A broker on 127.0.0.1:19392 with its home under ``tmp_path``, started; stopped at the end."""
+    if shutil.which("java") is None or shutil.which("mvn") is None:
+        pytest.skip("a broker of the test's own needs java and mvn")
+    broker = OwnBroker(dataclasses.replace(Settings.load(), kafka_bootstrap=OWN_BROKER_BOOTSTRAP,
+                                           home=tmp_path / "broker"))
+    broker.up()
+    try:
+        yield broker
+    finally:
+        broker.down()
