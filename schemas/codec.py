@@ -129,9 +129,14 @@ def read_header(data: bytes) -> Header:
             _, pos = _read_long(data, pos)
         for _ in range(count):
             klen, pos = _read_long(data, pos)
+            # a negative length would move pos backwards: the same bytes read for ever
+            if klen < 0 or pos + klen > len(data):
+                raise DecodeError("corrupt Avro container header (a metadata key runs past the end)")
             key = bytes(data[pos:pos + klen]).decode("utf-8", "replace")
             pos += klen
             vlen, pos = _read_long(data, pos)
+            if vlen < 0 or pos + vlen > len(data):
+                raise DecodeError("corrupt Avro container header (a metadata value runs past the end)")
             meta[key] = bytes(data[pos:pos + vlen])
             pos += vlen
     if pos + SYNC_SIZE > len(data):
@@ -168,6 +173,62 @@ def blocks(data: bytes, header: Header) -> Iterable[tuple[int, memoryview]]:
             raise DecodeError("corrupt Avro container: sync marker mismatch after a block")
         pos += SYNC_SIZE
         yield count, body
+
+
+def _min_size(schema: Any, named: dict[str, Any], seen: frozenset[str] = frozenset()) -> int:
+    """The fewest bytes a value of a (fastavro-parsed) ``schema`` can take: 0 for null or a record of nothing."""
+    if isinstance(schema, list):
+        return 1  # the branch index
+    if isinstance(schema, str):
+        if schema in named:
+            return 1 if schema in seen else _min_size(named[schema], named, seen | {schema})
+        return {"null": 0, "float": 4, "double": 8}.get(schema, 1)
+    t = schema["type"]
+    if t == "record":
+        return sum(_min_size(f["type"], named, seen | {schema["name"]}) for f in schema["fields"])
+    if t == "fixed":
+        return schema["size"]
+    if t in ("enum", "array", "map"):
+        return 1  # an index, a block count
+    return _min_size(t, named, seen)
+
+
+def _endless(schema: Any) -> str | None:
+    """Why a writer schema could make a few bytes decode into endless values, or None.
+
+    An array whose items take no bytes (nulls, empty records) holds as many as its count says
+    at no cost in bytes: a count of 2**62 in a message of a few bytes would have the decoder
+    build values until memory runs out. The same for a record type that takes no bytes, in a
+    block's record count. Readers decode nothing of such a schema.
+    """
+    named: dict[str, Any] = {}
+
+    def collect(s: Any) -> None:
+        if isinstance(s, list):
+            for branch in s:
+                collect(branch)
+        elif isinstance(s, dict):
+            if s.get("type") in ("record", "enum", "fixed") and "name" in s:
+                named[s["name"]] = s
+            for f in s.get("fields", ()):
+                collect(f["type"])
+            for key in ("items", "values"):
+                if key in s:
+                    collect(s[key])
+
+    collect(schema)
+    if _min_size(schema, named) == 0:
+        return "its records take no bytes"
+    stack = [schema]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, list):
+            stack += s
+        elif isinstance(s, dict):
+            if s.get("type") == "array" and _min_size(s["items"], named) == 0:
+                return "it has an array of items that take no bytes"
+            stack += [f["type"] for f in s.get("fields", ())] + [s[k] for k in ("items", "values") if k in s]
+    return None
 
 
 def record_count(data: bytes) -> int:
@@ -271,8 +332,11 @@ class Codec:
         if cached is None:
             try:
                 writer = _load(json.loads(header.schema_json))
+                endless = _endless(writer.parsed)
             except Exception as exc:
                 raise DecodeError(f"unreadable writer schema in the container header: {exc}") from None
+            if endless:
+                raise DecodeError(f"writer schema {writer.name} refused: {endless}")
             reader = self._readers.get(writer.name)
             cached = (writer, reader is not None and reader.canonical == writer.canonical)
             with self._lock:
@@ -307,9 +371,15 @@ class Codec:
             except (BlockDecodeError, UnicodeDecodeError) as exc:
                 raise DecodeError(f"corrupt {short_name(writer.name)} container: {exc}") from None
             return Decoded(name=writer.name, records=records)
+        # The framing first (block sizes, sync markers): fastavro stops quietly at some damage,
+        # so the records it returns are checked against the counts of the blocks.
+        expected = sum(count for count, _ in blocks(data, header))
         try:
             it = fastavro.reader(io.BytesIO(data), reader_schema=None if same else reader.parsed)
             records = list(it)
         except Exception as exc:  # fastavro raises many types on corrupt bodies
             raise DecodeError(f"corrupt {short_name(writer.name)} container: {type(exc).__name__}: {exc}") from None
+        if len(records) != expected:
+            raise DecodeError(f"corrupt {short_name(writer.name)} container: {len(records)} records decoded, "
+                              f"its blocks say {expected}")
         return Decoded(name=writer.name, records=records)

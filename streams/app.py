@@ -27,10 +27,11 @@ import faust
 from faust.types import TP
 
 from rlpulse.settings import Settings
-from schemas.catalogue import BY_SHORT, DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
-from schemas.codec import Codec, DecodeError
+from schemas.catalogue import DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
+from schemas.codec import Codec
 from streams.commits import ProcessedOffsets
-from streams.runs import SPAN_FIELDS, Output, RunConfig, RunProcessor
+from streams.inputs import Inputs
+from streams.runs import Output, RunConfig, RunProcessor
 from streams.stage import HardwareStage, RunStage
 
 log = logging.getLogger(__name__)
@@ -95,18 +96,9 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
         for (short, key, schema), records in groups.items():
             await outputs[short].send(key=key.encode(), value=codec.encode(schema, records))
 
-    def decode(event: faust.EventT, short: str) -> list[dict[str, Any]]:
-        msg = event.message
-        try:
-            return codec.decode(event.value, expect=BY_SHORT[short].records, fields=wanted.get(short)).records
-        except DecodeError as exc:
-            # The sink dead-letters every undecodable raw message with the reason; here it is counted in the log.
-            log.warning("skipping undecodable message %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
-            return []
-
+    inputs = Inputs(codec)
     processed = ProcessedOffsets()
     prefix_len = len(settings.topic_prefix) + 1
-    wanted = {"spans": SPAN_FIELDS}
 
     async def drive(stream: faust.StreamT, on_message: Callable[..., list[Output]],
                     on_tick: Callable[[int, int], Awaitable[list[Output]]]) -> None:
@@ -117,7 +109,7 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
             if short == TICKS_TOPIC:
                 await publish(await on_tick(msg.partition, now))
             else:
-                records = decode(event, short)
+                records = inputs.decode(short, event.value, f"{msg.topic}[{msg.partition}]@{msg.offset}")
                 if records:
                     await publish(on_message(short, msg.partition, records, now))
             processed.done(msg)

@@ -36,6 +36,7 @@ from rlpulse.settings import AlertThresholds
 from streams.alerting import AlertBook, forget_run, grader_failure_rate, step_rules
 from streams.figures import NS, GraderWindow, StepFigures
 from streams.stall import StallDetector
+from streams.state import Run
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ SPAN_FIELDS = frozenset({"project", "run_id", "attempt", "time_ns", "kind", "ter
                          "sequence_id", "writer_id"})
 
 ALL_IN = 2**62  # the progress of a run whose writers have all ended and whose every event is in
+INF = float("inf")
 
 
 class Output(NamedTuple):
@@ -71,66 +73,6 @@ class RunConfig:
                    idle_s=max(2 * settings.allowed_lateness, 1.0),
                    stall_after_s=settings.stall_after, silent_after_s=settings.silent_after,
                    retention_s=max(10 * settings.allowed_lateness, 2 * settings.window), thresholds=settings.alerts)
-
-
-class Run:
-    """The state of one run: marks, progress, open and retained figures, stall and alert state."""
-
-    def __init__(self, project: str, run_id: str, partition: int):
-        self.project, self.run_id, self.partition = project, run_id, partition
-        self.marks: dict[str, int] = {}  # "topic|attempt|writer" -> highest sequence_id applied
-        self.progress: dict[str, list[int]] = {}  # same key -> [highest event time, wall clock of its last message]
-        self.seen_ns = 0  # wall clock of the last message
-        self.windows: dict[str, GraderWindow] = {}  # "attempt|term|start_ns"
-        self.steps: dict[str, StepFigures] = {}  # "attempt|step"
-        self.step_ends: dict[str, int] = {}  # "attempt|step" -> STEP event time, for steps not yet seen
-        self.max_step: dict[str, int] = {}  # attempt -> highest step with a rollout
-        # attempt -> highest step / window start whose figures were emitted and dropped: data for
-        # them is late, and must never start a new, partial row that would replace the complete one
-        self.retired_steps: dict[str, int] = {}
-        self.retired_windows: dict[str, int] = {}
-        self.stalls: dict[str, dict] = {}
-        self.rules: dict[str, dict] = {}
-        self.alerts: dict[str, dict] = {}
-        self.ended: list[int] = []  # attempts that sent RUN_END
-        # stream -> the last sequence_id it will ever have (from its writer's RUN_END): once applied,
-        # the stream is complete and holds nothing back
-        self.finished: dict[str, int] = {}
-        self.latest_attempt = 0  # the newest attempt the steps topic has shown
-        self.late_dropped = 0
-        self.rejected = 0  # records skipped as invalid (a NaN reward, a negative length)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"project": self.project, "run_id": self.run_id, "partition": self.partition, "marks": self.marks,
-                "progress": self.progress, "seen_ns": self.seen_ns,
-                "windows": {k: w.to_dict() for k, w in self.windows.items()},
-                "steps": {k: s.to_dict() for k, s in self.steps.items()}, "step_ends": self.step_ends,
-                "max_step": self.max_step, "retired_steps": self.retired_steps,
-                "retired_windows": self.retired_windows, "stalls": self.stalls, "rules": self.rules, "alerts": self.alerts,
-                "ended": self.ended, "finished": self.finished, "latest_attempt": self.latest_attempt,
-                "late_dropped": self.late_dropped, "rejected": self.rejected}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Run":
-        run = cls(d["project"], d["run_id"], d["partition"])
-        run.marks, run.seen_ns = dict(d["marks"]), d["seen_ns"]
-        run.progress = {k: list(v) for k, v in d["progress"].items()}
-        run.windows = {k: GraderWindow.from_dict(w) for k, w in d["windows"].items()}
-        run.steps = {k: StepFigures.from_dict(s) for k, s in d["steps"].items()}
-        run.step_ends, run.max_step = dict(d["step_ends"]), dict(d["max_step"])
-        run.retired_steps, run.retired_windows = dict(d["retired_steps"]), dict(d["retired_windows"])
-        run.stalls, run.rules, run.alerts = dict(d["stalls"]), dict(d["rules"]), dict(d["alerts"])
-        run.ended, run.late_dropped = list(d["ended"]), d["late_dropped"]
-        run.finished = dict(d.get("finished", {}))
-        run.latest_attempt, run.rejected = d.get("latest_attempt", 0), d.get("rejected", 0)
-        return run
-
-    def ident(self, attempt: int) -> dict[str, Any]:
-        return {"project": self.project, "run_id": self.run_id, "attempt": attempt}
-
-    @property
-    def key(self) -> str:
-        return f"{self.project}/{self.run_id}"
 
 
 class RunProcessor:
@@ -182,13 +124,7 @@ class RunProcessor:
                 if kind == "GRADER" and r.get("term") is not None:
                     self._grader(run, r)
                 elif kind == "ROLLOUT" and r.get("step") is not None and r.get("reward") is not None:
-                    problem = StepFigures.invalid(r)
-                    if problem is None:
-                        self._rollout(run, r)
-                    else:  # a writer other than the SDK (which refuses these): skipped, never a crash
-                        run.rejected += 1
-                        log.warning("rollout of %s (attempt %s, writer %r, sequence %s) skipped: %s (%d skipped for this run)",
-                                    run.key, r["attempt"], r.get("writer_id"), seq, problem, run.rejected)
+                    self._rollout(run, r)
             else:
                 out += self._step_event(run, r, now_ns)
         self.applied += len(records)
@@ -208,6 +144,14 @@ class RunProcessor:
         window.add(span)
 
     def _rollout(self, run: Run, span: dict[str, Any]) -> None:
+        # The SDK refuses a NaN reward or a negative length at the call; another writer's must
+        # neither crash the worker nor half-update a step (checked inline: the hot path).
+        reward, shares, tokens = span["reward"], span.get("term_shares"), span.get("completion_tokens")
+        if not (-INF < reward < INF and (not shares or -INF < sum(shares.values()) < INF) and (tokens is None or tokens >= 0)):
+            run.rejected += 1
+            log.warning("rollout of %s (attempt %s, writer %r, sequence %s) skipped: %s (%d skipped for this run)", run.key,
+                        span["attempt"], span.get("writer_id"), span.get("sequence_id"), StepFigures.invalid(span), run.rejected)
+            return
         attempt, step = str(span["attempt"]), span["step"]
         key = f"{attempt}|{step}"
         figures = run.steps.get(key)

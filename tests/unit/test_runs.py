@@ -351,3 +351,46 @@ def test_a_poison_rollout_is_skipped_and_logged_without_touching_its_step(caplog
     assert run["rejected"] == 4
     reasons = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(reasons) == 4 and "reward nan is not finite" in reasons[0] and "negative" in reasons[1]
+
+
+def test_poison_messages_between_good_ones_are_skipped_logged_and_change_no_figure(caplog):
+    """As the agents decode: each message through streams.inputs, the good ones into the processor."""
+    from schemas.codec import Codec
+    from streams.inputs import Inputs
+
+    codec, inputs, h, job = Codec(), Inputs(Codec()), Harness(CONFIG), Job()
+    messages, truth = workload(job, steps=3)
+
+    def wire(r: dict) -> dict:  # the span fields the processor does not read
+        return {"trace_id": b"t" * 16, "span_id": b"s" * 8, "name": "x", "status": "OK", "start_time_ns": r["time_ns"],
+                "end_time_ns": r["time_ns"], **r}
+
+    good = [(topic, codec.encode("Span", [wire(r) for r in records]) if topic == "spans" else codec.encode("Step", records))
+            for topic, records in messages]
+    nan = codec.encode("Span", [wire(dict(job.rollout(0.5, 0, 0.5), reward=float("nan"), sequence_id=10_000))])
+    poison = [("spans", b"\x00garbage that is not Avro", "not an Avro container"),
+              ("spans", good[2][1][:-30], "runs past the end"),
+              ("spans", good[0][1], "rlpulse.v1.Step is not one of rlpulse.v1.Span"),  # a Step on the spans topic
+              ("steps", codec.encode("GpuSample", [dict(time_ns=1, hw_id="GPU-1", index=0, power_w=1.0, temperature_c=1.0,
+                                                        gpu_utilization=0.0, memory_used_bytes=0, memory_total_bytes=1,
+                                                        memory_utilization=0.0, memory_activity=0.0, sm_clock_mhz=1.0,
+                                                        throttle_reasons=0)]), "GpuSample is not one of rlpulse.v1.Step"),
+              ("spans", None, "too short")]  # a tombstone
+    stream = []
+    for i, message in enumerate(good):
+        stream.append(message)
+        if i < len(poison):
+            stream.append(poison[i][:2])
+    stream.append(("spans", nan))  # decodes, but its only record is invalid
+    for offset, (topic, value) in enumerate(stream):
+        records = inputs.decode(topic, value, f"t.{topic}[0]@{offset}")
+        if records:
+            h.feed(topic, records)
+        h.advance(0.2)
+    h.advance(10)
+    assert figures(h) == truth
+    assert inputs.skipped == len(poison)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    for (_, _, reason), line in zip(poison, [w for w in warnings if "undecodable" in w]):
+        assert reason in line
+    assert any("reward nan is not finite" in w for w in warnings)

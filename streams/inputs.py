@@ -1,0 +1,40 @@
+"""The raw topics' messages into records, as the agents decode them.
+
+A message that cannot be decoded (random bytes, a truncated container, a record type that does
+not belong on the topic, a writer schema readers refuse) is skipped and logged with its place
+and the reason; the sink dead-letters the raw message, so nothing is lost silently, and the
+messages around it are processed as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from schemas.catalogue import BY_SHORT
+from schemas.codec import Codec, DecodeError
+from streams.runs import SPAN_FIELDS
+
+log = logging.getLogger(__name__)
+
+# The fields each topic's processor reads: the decoder may skip the rest.
+FIELDS = {"spans": SPAN_FIELDS}
+
+
+class Inputs:
+    def __init__(self, codec: Codec):
+        self.codec = codec
+        self.skipped = 0  # messages skipped as undecodable
+
+    def decode(self, short: str, value: bytes | None, where: str) -> list[dict[str, Any]]:
+        """The records of one message of topic ``short``; [] for one that does not decode. ``where``: topic[partition]@offset."""
+        try:
+            return self.codec.decode(value, expect=BY_SHORT[short].records, fields=FIELDS.get(short)).records
+        except DecodeError as exc:
+            self.skipped += 1
+            log.warning("skipping undecodable message %s: %s (%d skipped so far; the sink dead-letters it)",
+                        where, exc, self.skipped)
+        except Exception:  # noqa: BLE001 - a decoder bug must cost one message, not the worker
+            self.skipped += 1
+            log.exception("skipping message %s: the decoder failed on it (%d skipped so far)", where, self.skipped)
+        return []
