@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 # Everything the local services and the chDB store write lives in the checkout (git ignores it).
 export RLPULSE_HOME ?= $(CURDIR)/.rlpulse
 
-.PHONY: demo test bench services-up services-down browser
+.PHONY: demo test bench soak services-up services-down browser
 
 $(VENV)/.installed: pyproject.toml setup.py schemas/_blockdecode.pyx
 	python3 -m venv $(VENV)
@@ -35,3 +35,9 @@ test: services-up browser
 bench: services-up
 	@test -x $(BIN)/py-spy || $(BIN)/pip install --quiet py-spy || echo "py-spy could not be installed: no profiles"
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# The soak (bench/soak.py): a live load at half the bench's drain rate for 10 minutes, RSS and
+# lag sampled, ClickHouse compared with the truth; not part of `make test`. SOAK_ARGS: its
+# options, e.g. make soak SOAK_ARGS="--minutes 2".
+soak: services-up
+	$(BIN)/python bench/soak.py $(SOAK_ARGS)
