@@ -12,6 +12,13 @@ against the application's, and the child needs nothing they guard, since it keep
 event and restarts its sequences under its new ``writer_id``. So a lock another thread held at
 the fork cannot deadlock the child. See ``TrainingTelemetry`` for what a child writer publishes.
 
+One lock no hook renews is a stream's own buffer lock: a sender thread that is writing a log
+line (the broker is down, it retries and says so) when another thread forks leaves that lock
+held in the child, and the child's next line to the same stream hangs. While a sender thread
+runs, a ``before`` hook therefore waits (briefly, bounded) for the logging handlers to be free
+and holds them across the fork, as CPython's logging holds its module lock; the parent releases
+them after, the child gets them renewed by logging's own hook.
+
 **Exit.** Sender threads are daemons: an interpreter that exits with a writer still open would
 stop them with the buffer undelivered. An ``atexit`` handler (and, in a ``multiprocessing``
 child, which leaves through ``os._exit`` and skips ``atexit``, a ``multiprocessing.util.Finalize``)
@@ -28,6 +35,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 import time
 import weakref
 from typing import Any
@@ -40,6 +48,8 @@ _live: "weakref.WeakSet[Any]" = weakref.WeakSet()  # this process's senders and 
 # epoll instance both processes share after a fork.
 _inherited: list[Any] = []
 _finalizer_pid = 0  # the process in which a multiprocessing finalizer is registered
+_held = threading.local()  # the logging locks the forking thread holds across its fork
+LOCK_WAIT_S = 0.5  # how long a fork waits for one logging handler to be free (then forks without it)
 
 
 def track(obj: Any) -> None:
@@ -51,7 +61,36 @@ def keep_inherited(objects: Any) -> None:
     _inherited.append(objects)
 
 
+def _before_fork() -> None:
+    _held.locks = []
+    if not any(getattr(obj, "running", False) for obj in list(_live)):
+        return  # none of our threads runs: nothing of ours can be mid-write
+    # logging's module lock first, as logging.config takes it before a handler's (same order: no deadlock)
+    locks = [getattr(logging, "_lock", None)]
+    loggers = [logging.getLogger()] + [x for x in list(logging.Logger.manager.loggerDict.values())
+                                       if isinstance(x, logging.Logger)]
+    seen: set[int] = set()
+    for lg in loggers:
+        for handler in list(lg.handlers):
+            if id(handler) not in seen and handler.lock is not None:
+                seen.add(id(handler))
+                locks.append(handler.lock)
+    for lock in locks:
+        if lock is not None and lock.acquire(timeout=LOCK_WAIT_S):
+            _held.locks.append(lock)
+
+
+def _release_held() -> None:
+    for lock in reversed(getattr(_held, "locks", ())):
+        try:
+            lock.release()
+        except RuntimeError:  # in the child: logging's own hook already made it anew, unlocked
+            pass
+    _held.locks = []
+
+
 def _after_fork_in_child() -> None:
+    _release_held()
     for obj in list(_live):
         try:
             obj._after_fork_in_child()
@@ -103,5 +142,5 @@ def deliver_at_exit() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_release_held, after_in_child=_after_fork_in_child)
 atexit.register(deliver_at_exit)

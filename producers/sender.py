@@ -232,6 +232,8 @@ class Sender:
         """Wait until everything accepted so far is delivered; returns how many are still undelivered."""
         if not self._started:
             return self.pending
+        if not self.running:  # events left by a close() that gave up: a thread delivers them now
+            self.queue.set_starter(self._launch, start_now=False)
         with self._flush_lock:
             self._flushing += 1
         self._wake()

@@ -44,13 +44,18 @@ DICT_QUEUED_BYTES = 240  # a copied term_shares or attributes dict, plus ENTRY_B
 ENTRY_BYTES = 60
 _OWN_FIELDS = frozenset(("project", "run_id", "attempt", "stage", "writer_id", "sequence_id"))  # set by the writer
 _NO_SHARES: dict[str, float] = {}  # shared, never mutated: the builders only read it
+
+
 class TrainingTelemetry:
     """Publishes a run's rollouts, grader calls and steps without blocking the training thread.
 
     Use as a context manager (RUN_START on enter, RUN_END and a final flush on exit). A
     background timer sends a HEARTBEAT with the current ``step_count`` every
     ``heartbeat_interval`` seconds, which the stall detector relies on. Each instance is one
-    writer: a random ``writer_id`` and its own sequence of ids for spans and for steps.
+    writer: a random ``writer_id`` and its own sequence of ids for spans and for steps. Its copy
+    in a forked child (a DataLoader worker) is a writer of its own; an interpreter that exits
+    with it open delivers what it holds; an event after ``close()`` is still delivered (see
+    ``producers.process`` and ``_after_fork_in_child``).
     """
 
     def __init__(
@@ -315,8 +320,7 @@ class TrainingTelemetry:
             if fields.get(name) is None:
                 raise ValueError(f"span field {name} is required")
         self._sender.check("Span", fields, complete=False)
-        if fields.get("step") is not None:
-            v.require_step("step", fields["step"])
+        v.require_count("step", fields.get("step"))
         variable = {k: fields.get(k) for k in ("name", "status_message", "rollout_id", "attempt_id", "attributes",
                                                "term", "outcome", "sample_id", "term_shares")}
         v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, variable)
@@ -364,29 +368,25 @@ class TrainingTelemetry:
     def _after_fork_in_child(self) -> None:
         """This writer's copy in a forked child becomes a worker's writer of the same run.
 
-        Its own ``writer_id``, so its sequences start again at 1 without colliding with the
-        parent's (the streams keep marks per run, attempt and writer); its own empty queue and
-        sender (the parent's queued events stay the parent's to send); locks and events made anew,
-        never inherited (see ``producers.process``); terms and ``step_count`` carried over.
+        Its own ``writer_id``, so its sequences restart at 1 without colliding with the parent's
+        (the streams keep marks per run, attempt and writer); its own empty queue and sender (the
+        parent's queued events stay the parent's); locks and events made anew, never inherited
+        (``producers.process`` says why); terms and ``step_count`` carried over.
 
-        A DataLoader worker is not a new run and does not end the run: it publishes no RUN_START,
-        RUN_END or heartbeat. RUN_END would end the attempt for the stall detector (resolving its
-        alerts while the job still trains) and set the end of its open steps; heartbeats would
-        report a stale ``step_count``. Its spans are still a writer's stream of their own, which
-        the streams close without a RUN_END: it stops holding back the run's event time once the
-        run's other writers have been heard from for the retention (a writer that went quiet), and
-        an idle run closes by the wall clock. So a worker that exits never leaves the run looking
-        unfinished; at worst its last windows close a retention later. Events of a child that
-        leaves through ``os._exit`` are delivered only by a ``flush()`` before it; a normal exit
-        and a ``multiprocessing`` worker's exit deliver them (``producers.process``).
+        A DataLoader worker neither starts nor ends the run: no RUN_START, RUN_END or heartbeat.
+        Its RUN_END would end the attempt for the stall detector (resolving alerts while the job
+        trains on) and end the open steps; its heartbeats would report a stale ``step_count``.
+        Its spans stream, never closed by a RUN_END, stops holding back the run's event time
+        once the run's other writers have been heard from for the retention without it, and an
+        idle run closes by the wall clock: the run never looks unfinished for good; at worst its
+        last windows close a retention later. A child that leaves by ``os._exit`` must
+        ``flush()`` first; a normal exit and a ``multiprocessing`` worker's exit deliver.
         """
         self._sender._after_fork_in_child()
         self._put = self._sender.queue.put
         self.writer_id = os.urandom(8).hex()
         self._span_base["writer_id"] = self._step_base["writer_id"] = self.writer_id
-        self._terms = set(self._terms)
-        self._terms_lock = threading.Lock()
-        self._step_lock = threading.Lock()
+        self._terms_lock, self._step_lock = threading.Lock(), threading.Lock()
         self._stop_heartbeat = threading.Event()
         self._heartbeat_thread = None
         self._forked = True

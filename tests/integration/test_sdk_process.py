@@ -6,6 +6,7 @@ the telemetry closed. Each test reads its topics back and counts what arrived, p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -277,3 +278,17 @@ def test_spans_a_batch_processor_exports_after_the_block_are_delivered_and_bad_o
     assert [r["name"] for r in spans] == [f"llm{i}" for i in range(50)]  # the NaN one never reaches the streams
     assert [r["sequence_id"] for r in spans] == list(range(1, 51))
     assert [(r["type"], r["spans_sent"]) for r in steps] == [("RUN_START", 0), ("RUN_END", 0)]
+
+
+def test_events_a_close_could_not_deliver_go_out_with_the_next_flush(settings: Settings) -> None:
+    unreachable = dataclasses.replace(settings, kafka_bootstrap="127.0.0.1:9")
+    tel = TrainingTelemetry(project="p", run_id="left", settings=unreachable)
+    tel.start()
+    for i in range(10):
+        tel.rollout(step=0, rollout_id=f"r{i}", reward=0.5)
+    assert tel.close(1.0) == 12  # RUN_START, 10 rollouts, RUN_END: kept, not dropped
+    assert tel.pending == 12 and not tel.sender.running
+    tel.sender.settings = settings  # the broker is reachable again (here: at the address it always had)
+    assert tel.flush(30) == 0  # a thread starts again for what was left
+    assert [r["rollout_id"] for r in records(settings, "spans")] == [f"r{i}" for i in range(10)]
+    assert [r["type"] for r in records(settings, "steps")] == ["RUN_START", "RUN_END"]

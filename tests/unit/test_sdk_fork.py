@@ -7,6 +7,7 @@ Each child reports through a pipe and leaves with ``os._exit`` (never back into 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -138,4 +139,46 @@ def test_a_lock_held_by_another_thread_at_the_fork_does_not_deadlock_the_child(l
     finally:
         release.set()
         holder.join()
+        tel.close(0.2)
+
+
+class SlowStream(logging.Handler):
+    """A handler whose writes hold a lock of their own (as a stream's buffer does) for a while."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buffer_lock = threading.Lock()  # like io.BufferedWriter's: no fork hook renews it
+        self.lines = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self.buffer_lock:
+            time.sleep(0.02)
+            self.lines += 1
+
+
+def test_a_fork_while_a_thread_is_writing_a_log_line_does_not_hang_the_childs_next_line():
+    settings = Settings.load({"RLPULSE_TOPIC_PREFIX": "fork", "RLPULSE_KAFKA_BOOTSTRAP": "127.0.0.1:9",
+                              "RLPULSE_HEARTBEAT_INTERVAL": "1h"})
+    tel = TrainingTelemetry(project="p", run_id="r", settings=settings)
+    tel.start()  # a sender thread runs (and logs its retries): the fork waits for the handlers
+    handler = SlowStream()
+    logger = logging.getLogger("tests.fork.chatty")
+    logger.addHandler(handler)
+    logger.propagate = False
+    stop = threading.Event()
+
+    def chatter() -> None:  # busy in emit (holding buffer_lock) almost all the time
+        while not stop.is_set():
+            logger.warning("retrying")
+
+    thread = threading.Thread(target=chatter)
+    thread.start()
+    try:
+        for _ in range(5):
+            time.sleep(0.013)
+            assert in_child(lambda: (logger.warning("from the child"), handler.lines)[1]) > 0
+    finally:
+        stop.set()
+        thread.join()
+        logger.removeHandler(handler)
         tel.close(0.2)
