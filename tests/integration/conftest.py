@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import random
 import shutil
+import socket
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator
@@ -106,7 +108,19 @@ def rewind_sink(settings: Settings) -> Callable[[], None]:
     return lambda: asyncio.run(_commit_zero(settings, settings.sink_group, SINK_TOPICS))
 
 
-OWN_BROKER_BOOTSTRAP = "127.0.0.1:19392"  # test_sdk_broker_down.py has 19292; the shared broker 9092
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free (the broker's listener and its controller's), away from 9092
+    and test_sdk_broker_down's 19292: two sessions on one machine each get their own."""
+    for _ in range(100):
+        port = random.randrange(20000, 30000, 2)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no two free neighbouring ports in 20000-30000 for a test broker")
 
 
 class OwnBroker:
@@ -130,10 +144,10 @@ class OwnBroker:
 
 @pytest.fixture
 def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
-    """A broker on 127.0.0.1:19392 with its home under ``tmp_path``, started; stopped at the end."""
+    """A broker on a free port of 127.0.0.1 with its home under ``tmp_path``, started; stopped at the end."""
     if shutil.which("java") is None or shutil.which("mvn") is None:
         pytest.skip("a broker of the test's own needs java and mvn")
-    broker = OwnBroker(dataclasses.replace(Settings.load(), kafka_bootstrap=OWN_BROKER_BOOTSTRAP,
+    broker = OwnBroker(dataclasses.replace(Settings.load(), kafka_bootstrap=f"127.0.0.1:{_free_port_pair()}",
                                            home=tmp_path / "broker"))
     broker.up()
     try:

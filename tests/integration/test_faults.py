@@ -5,9 +5,10 @@
   alert equals the truth: a run whose messages wait in Kafka is not idle, and the streams' own
   downtime makes no run look silent or stalled (silence after 30 s, stall after 60 s: both
   shorter than the downtime).
-* A broker of the test's own stops for 20 s while jobs publish: every event that fit the SDK's
-  buffer arrives, ``TrainingTelemetry.dropped`` counts exactly the rest, the streams and the sink
-  recover by themselves, and the figures equal the truth of what was delivered.
+* A broker of the test's own (a free port, its own home) stops for 20 s while jobs publish:
+  every event that fit the SDK's buffer arrives, ``TrainingTelemetry.dropped`` counts exactly
+  the rest, the streams and the sink recover by themselves (timed from the broker's return to
+  both groups committed past what waited), and the figures equal the truth of what was delivered.
 
 Jobs are ``TrainingTelemetry`` instances in threads, a step a second. A step's clipped rollouts
 and zero rewards are its last rollouts, in patterns that make alerts fire and resolve, so a
