@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from producers import events as v
 from producers import process
-from producers.events import MAX_DURATION_S
 from producers.queue import SPANS, STEPS, Channel
 from producers.records import SPAN_NULLS, Records
 from producers.sender import DEFAULT_BUFFER_BYTES, Outgoing, Sender, SenderConfig
@@ -44,6 +43,7 @@ DICT_QUEUED_BYTES = 240  # a copied term_shares or attributes dict, plus ENTRY_B
 ENTRY_BYTES = 60
 _OWN_FIELDS = frozenset(("project", "run_id", "attempt", "stage", "writer_id", "sequence_id"))  # set by the writer
 _NO_SHARES: dict[str, float] = {}  # shared, never mutated: the builders only read it
+assert v.MAX_DURATION_S == 1e9  # the calls test durations against this literal
 
 
 class TrainingTelemetry:
@@ -198,11 +198,9 @@ class TrainingTelemetry:
 
         ``clipped`` defaults to ``completion_tokens >= max_tokens`` when both are given.
         """
-        # Everything is checked before anything changes (new terms are registered last).
-        # `x - x` is 0.0 for a finite float and NaN (truthy) for NaN and the infinities; `n >> 63`
-        # is 0 only for an int from 0 to 2**63-1 (Avro long); only non-ASCII text is encoded to
-        # find a lone surrogate.
-        if type(step) is not int or step >> 63:
+        # All checks before any change (new terms registered last). `x - x` is NaN (truthy) for NaN
+        # and infinities; ints fit Avro long (a literal bound); only non-ASCII text is encoded.
+        if type(step) is not int or step < 0 or step > 9223372036854775807:
             v.require_step("step", step)
         if type(rollout_id) is not str or not rollout_id or not rollout_id.isascii():
             v.require_str("rollout_id", rollout_id)
@@ -211,17 +209,27 @@ class TrainingTelemetry:
         size = ROLLOUT_QUEUED_BYTES + len(rollout_id)
         fresh = None  # term_shares naming terms not yet known: registered once every check passed
         if term_shares:
-            shares = self._known_shares(term_shares)
-            if shares is None:
+            # inline, not a method: the common case (known terms, finite floats) in one loop
+            if type(term_shares) is dict and len(term_shares) <= MAX_TERMS:
+                terms = self._terms
+                for term, share in term_shares.items():
+                    if type(share) is not float or share - share or term not in terms:
+                        shares = fresh = v.float_map("term_shares", term_shares, MAX_TERMS)
+                        break
+                else:
+                    shares = term_shares.copy()  # a copy: the caller may reuse its dict after the call
+            else:
                 shares = fresh = v.float_map("term_shares", term_shares, MAX_TERMS)
             size += DICT_QUEUED_BYTES + sum(map(len, shares)) + ENTRY_BYTES * len(shares)
         elif term_shares is None or type(term_shares) is dict:
             shares = _NO_SHARES
         else:
             shares = fresh = v.float_map("term_shares", term_shares, MAX_TERMS)
-        if completion_tokens is not None and (type(completion_tokens) is not int or completion_tokens >> 63):
+        if completion_tokens is not None and (
+                type(completion_tokens) is not int or completion_tokens < 0 or completion_tokens > 9223372036854775807):
             v.require_count("completion_tokens", completion_tokens)
-        if max_tokens is not None and (type(max_tokens) is not int or max_tokens >> 63):
+        if max_tokens is not None and (
+                type(max_tokens) is not int or max_tokens < 0 or max_tokens > 9223372036854775807):
             v.require_count("max_tokens", max_tokens)
         if clipped is None:
             if completion_tokens is not None and max_tokens is not None:
@@ -232,7 +240,7 @@ class TrainingTelemetry:
             if type(sample_id) is not str or not sample_id or not sample_id.isascii():
                 v.require_str("sample_id", sample_id)
             size += len(sample_id)
-        if type(duration_s) is not float or not 0.0 <= duration_s <= MAX_DURATION_S:  # NaN fails both
+        if type(duration_s) is not float or not 0.0 <= duration_s <= 1e9:  # MAX_DURATION_S; NaN fails both
             duration_s = v.require_duration("duration_s", duration_s)
         if attributes is not None:
             attributes, extra = v.sized_attributes("attributes", attributes)
@@ -257,8 +265,8 @@ class TrainingTelemetry:
         output_tokens: int | None = None,
     ) -> None:
         """Record one score of one reward term; ``outcome`` is ok or the failure cause."""
-        # As in rollout(): every check first, a new term registered last.
-        if type(step) is not int or step >> 63:
+        # As in rollout(): every check first, a new term registered last
+        if type(step) is not int or step < 0 or step > 9223372036854775807:
             v.require_step("step", step)
         if type(rollout_id) is not str or not rollout_id or not rollout_id.isascii():
             v.require_str("rollout_id", rollout_id)
@@ -267,13 +275,15 @@ class TrainingTelemetry:
             v.require_str("term", term)
         if type(outcome) is not str or outcome not in v.GRADER_OUTCOMES:
             v.require_choice("outcome", outcome, v.GRADER_OUTCOMES)
-        if type(duration_s) is not float or not 0.0 <= duration_s <= MAX_DURATION_S:
+        if type(duration_s) is not float or not 0.0 <= duration_s <= 1e9:  # MAX_DURATION_S, a literal: no lookup
             duration_s = v.require_duration("duration_s", duration_s)
         if score is not None and (type(score) is not float or score - score):
             score = v.optional_finite("score", score)
-        if input_tokens is not None and (type(input_tokens) is not int or input_tokens >> 63):
+        if input_tokens is not None and (
+                type(input_tokens) is not int or input_tokens < 0 or input_tokens > 9223372036854775807):
             v.require_count("input_tokens", input_tokens)
-        if output_tokens is not None and (type(output_tokens) is not int or output_tokens >> 63):
+        if output_tokens is not None and (
+                type(output_tokens) is not int or output_tokens < 0 or output_tokens > 9223372036854775807):
             v.require_count("output_tokens", output_tokens)
         size = GRADER_QUEUED_BYTES + len(rollout_id) + 2 * len(term)
         if size > self._span_quick_limit:
@@ -343,16 +353,6 @@ class TrainingTelemetry:
                 raise ValueError(f"term {new[MAX_TERMS - len(self._terms)]!r} would be distinct term number "
                                  f"{MAX_TERMS + 1} for this run; at most {MAX_TERMS} are allowed")
             self._terms.update(new)
-
-    def _known_shares(self, shares: Any) -> dict[str, float] | None:
-        """A copy of ``term_shares`` when it is the common case (known terms, finite floats), else None."""
-        if type(shares) is dict and len(shares) <= MAX_TERMS:
-            terms = self._terms
-            for term, share in shares.items():
-                if type(share) is not float or share - share or term not in terms:
-                    return None
-            return shares.copy()  # a copy: the caller may reuse its dict after the call
-        return None
 
     def _step_event(self, type_: str, step: int = -1, tokens: int = 0, duration_s: float = 0.0,
                     mfu: float | None = None, completed: int = 0) -> None:
