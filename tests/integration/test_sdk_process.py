@@ -292,3 +292,32 @@ def test_events_a_close_could_not_deliver_go_out_with_the_next_flush(settings: S
     assert tel.flush(30) == 0  # a thread starts again for what was left
     assert [r["rollout_id"] for r in records(settings, "spans")] == [f"r{i}" for i in range(10)]
     assert [r["type"] for r in records(settings, "steps")] == ["RUN_START", "RUN_END"]
+
+
+TRACED_JOB = """
+import sys
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from producers import TrainingTelemetry
+with TrainingTelemetry(project="p", run_id="traced") as tel:
+    provider = TracerProvider()  # its own atexit hook shuts it down: the processor exports then
+    provider.add_span_processor(BatchSpanProcessor(tel.span_exporter(), schedule_delay_millis=600_000))
+    tracer = provider.get_tracer("agent")
+    for i in range(int(sys.argv[1])):
+        with tracer.start_as_current_span(f"llm{i}", attributes={"rlpulse.kind": "LLM"}):
+            pass
+print(tel.writer_id, flush=True)
+# the job never calls provider.shutdown(): its spans are exported at interpreter exit, after the block
+"""
+
+
+def test_spans_the_tracer_provider_exports_at_interpreter_exit_after_the_block_are_delivered(
+        settings: Settings) -> None:
+    n = 40
+    done = subprocess.run([sys.executable, "-c", TRACED_JOB, str(n)], cwd=ROOT, env=child_env(settings),
+                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    spans, steps = records(settings, "spans"), records(settings, "steps")
+    assert {r["writer_id"] for r in spans + steps} == {done.stdout.strip()}
+    assert [r["name"] for r in spans] == [f"llm{i}" for i in range(n)]
+    assert [r["type"] for r in steps] == ["RUN_START", "RUN_END"]
