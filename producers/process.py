@@ -5,19 +5,20 @@ start method, a plain ``os.fork()``). The child holds copies of the parent's wri
 sender threads did not survive the fork. An ``os.register_at_fork`` hook renews every live
 writer in the child, as OpenTelemetry's ``BatchSpanProcessor`` renews its worker: a new
 ``writer_id``, an empty queue (the parent's queued events are the parent's to send), new locks,
-and a sender thread started by the child's first event. Locks are made anew in the child, never
-taken before the fork (``before=``/``after_in_*`` hooks, as CPython's logging does): taking them
-in ``before`` would make every fork wait for a sender that is mid-delivery and order our locks
-against the application's, and the child needs nothing they guard, since it keeps no queued
-event and restarts its sequences under its new ``writer_id``. So a lock another thread held at
-the fork cannot deadlock the child. See ``TrainingTelemetry`` for what a child writer publishes.
+and a sender thread started by the child's first event. The SDK's own locks are made anew in
+the child rather than taken before the fork (the ``before``/``after_in_*`` pattern CPython's
+logging uses for its module lock): taking them would make every fork wait for a sender that is
+mid-delivery and order our locks against the application's, and the child needs nothing they
+guard, since it keeps no queued event and restarts its sequences under its new ``writer_id``.
+So a lock of ours that another thread held at the fork cannot deadlock the child. See
+``TrainingTelemetry`` for what a child writer publishes.
 
-One lock no hook renews is a stream's own buffer lock: a sender thread that is writing a log
-line (the broker is down, it retries and says so) when another thread forks leaves that lock
-held in the child, and the child's next line to the same stream hangs. While a sender thread
-runs, a ``before`` hook therefore waits (briefly, bounded) for the logging handlers to be free
-and holds them across the fork, as CPython's logging holds its module lock; the parent releases
-them after, the child gets them renewed by logging's own hook.
+The exception is logging. A stream's own buffer lock is renewed by no hook: a sender thread
+writing a log line (the broker is down, it retries and says so) at the moment another thread
+forks leaves that lock held in the child, whose next line to that stream then hangs forever.
+So while a sender thread runs, a ``before`` hook takes logging's module lock and each handler's
+lock (each wait bounded by ``LOCK_WAIT_S``), which no writer holds mid-line: the parent releases
+them after the fork, and in the child logging's own hook renews them.
 
 **Exit.** Sender threads are daemons: an interpreter that exits with a writer still open would
 stop them with the buffer undelivered. An ``atexit`` handler (and, in a ``multiprocessing``
@@ -76,8 +77,11 @@ def _before_fork() -> None:
                 seen.add(id(handler))
                 locks.append(handler.lock)
     for lock in locks:
-        if lock is not None and lock.acquire(timeout=LOCK_WAIT_S):
-            _held.locks.append(lock)
+        try:
+            if lock is not None and lock.acquire(timeout=LOCK_WAIT_S):
+                _held.locks.append(lock)
+        except Exception:  # a handler with an unusual lock: fork without holding it
+            pass
 
 
 def _release_held() -> None:
