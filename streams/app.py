@@ -116,7 +116,7 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
 
     async def run_tick(partition: int, now: int) -> list[Output]:
         sources = [TP(settings.topic(short), partition) for short in RUN_TOPICS if short != TICKS_TOPIC]
-        return runs.on_tick(partition, now, caught_up=await processed.caught_up(app.consumer, sources))
+        return runs.on_tick(partition, now, caught_up=processed.caught_up(app.consumer, sources, time.monotonic()))
 
     async def gpu_tick(partition: int, now: int) -> list[Output]:
         return gpus.on_tick(partition, now)

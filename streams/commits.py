@@ -20,13 +20,15 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+STUCK_S = 30.0  # a catch-up with no progress for this long is given up (see ProcessedOffsets.caught_up)
+
 
 class ProcessedOffsets:
     def __init__(self) -> None:
         self.positions: dict[Any, int] = {}  # TP -> offset after the last message processed here
         # TP -> the end of the log when this worker got the partition: reached, it has caught up
         self.targets: dict[Any, int] = {}
-        self._starts: dict[Any, int] = {}  # TP -> log start, for a partition the group never committed
+        self._moving: dict[tuple, tuple] = {}  # TPs -> (their offsets processed, since when), while catching up
 
     def done(self, message: Any) -> None:
         self.positions[message.tp] = message.offset + 1
@@ -36,36 +38,50 @@ class ProcessedOffsets:
         for tp in tps:
             self.positions.pop(tp, None)
             self.targets.pop(tp, None)
-            self._starts.pop(tp, None)
+        self._moving.clear()
 
-    async def caught_up(self, consumer: Any, tps: list[Any]) -> bool:
+    def caught_up(self, consumer: Any, tps: list[Any], now_s: float) -> bool:
         """True once every message that was in ``tps`` when this worker got them is processed.
 
         After a restart that is the uncommitted range and all that was published while no
-        worker ran; after a rebalance, what the previous owner left. The first call after an
-        assignment fixes the target (the log end offsets then) and answers False, so the caller
-        sees each (re)assignment as a catch-up, however short. Live traffic that arrives later
-        does not hold the answer back: a busy partition is never "behind" for ever.
+        worker ran; after a rebalance, what the previous owner left. The target is each
+        partition's end offset as the consumer's first fetch after the assignment reported it
+        (no request of its own: calls into Faust's consumer thread from an agent disturbed its
+        commits); until every target is known, and on the call that fixes them, the answer is
+        False, so the caller sees each (re)assignment as a catch-up, however short. Live traffic
+        that arrives later does not hold the answer back. A catch-up that makes no progress for
+        ``STUCK_S`` (a partition whose log start moved past offsets the group never committed)
+        is given up with a warning rather than holding the partition's wall-clock work for ever.
         """
-        missing = [tp for tp in tps if tp not in self.targets]
-        if missing:
-            try:
-                self.targets.update(await consumer.highwaters(*missing))
-            except Exception as exc:  # noqa: BLE001 - a rebalance under way, the broker briefly away: ask again next tick
-                log.debug("end offsets of %s not known yet: %s", missing, exc)
+        fixed = False
+        for tp in tps:
+            if tp not in self.targets:
+                try:
+                    high = consumer.highwater(tp)
+                except Exception:  # noqa: BLE001 - not assigned any more: a rebalance under way
+                    high = None
+                if high is None:
+                    return False
+                self.targets[tp] = high
+                fixed = True
+        if fixed:
             return False
         committed = consumer._committed_offset  # noqa: SLF001 - see the module docstring
-        for tp in tps:
-            done = self.positions.get(tp)
-            if done is None:
-                done = committed.get(tp)
-            if done is None:  # never committed: reading starts at the log's start
-                if tp not in self._starts:
-                    self._starts.update(await consumer.earliest_offsets(tp))
-                done = self._starts.get(tp, 0)
-            if done < self.targets[tp]:
-                return False
-        return True
+        done = {tp: self.positions.get(tp, committed.get(tp)) or 0 for tp in tps}
+        if all(done[tp] >= self.targets[tp] for tp in tps):
+            return True
+        key = tuple(tps)
+        mark = (tuple(done.values()), now_s)
+        seen = self._moving.setdefault(key, mark)
+        if seen[0] != mark[0]:
+            self._moving[key] = mark
+        elif now_s - seen[1] >= STUCK_S:
+            log.warning("%s: no progress towards %s for %.0fs; counting them as caught up", sorted(tps),
+                        {tp: self.targets[tp] for tp in tps}, now_s - seen[1])
+            for tp in tps:
+                self.targets[tp] = done[tp]
+            return True
+        return False
 
     async def commit_behind(self, consumer: Any) -> dict[Any, int]:
         """Commit what Faust has not; returns what was committed here."""

@@ -12,13 +12,16 @@ the same figures and the same alerts, each episode one FIRING and one RESOLVED r
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
+import io
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 
+import fastavro
 import pytest
 from aiokafka import AIOKafkaProducer
 
@@ -26,7 +29,7 @@ from producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, lag, settings_env, wait_groups_ready
 from rlpulse.settings import AlertThresholds, Settings
 from schemas.topics import ensure_topics
-from schemas.codec import Codec
+from schemas.codec import Codec, load_schemas
 from sinks.clickhouse import open_store
 from streams.histograms import reward_bucket
 
@@ -266,3 +269,88 @@ def test_figures_and_alerts_survive_a_sigkill_of_the_streams_worker_mid_window(s
         ("reward_collapse", "st/stalls/1", "FIRING"),
         ("xid", "GPU-aaaa", "FIRING"),
     ]
+
+
+async def publish_evolved(settings: Settings) -> dict[str, int]:
+    """Runs written by other schema versions, as fastavro containers on the real topics.
+
+    ``newer`` (an SDK with a 'dpo' trainer, a CHECKPOINT step type and a ``loss`` field) reports
+    every 0.5 s for 5 s, longer than silent_after, with a step of three rollouts from a newer span
+    schema; ``older`` (no writer_id or sequence ids) reports the same way; ``current`` starts and
+    says nothing more. All three then die without RUN_END. Returns when each last reported.
+    """
+    def evolved(name: str, enums: dict[str, list[str]] | None = None, added: tuple = (), removed: tuple = ()) -> dict:
+        raw = copy.deepcopy(load_schemas()[f"rlpulse.v1.{name}"])
+        for f in raw["fields"]:
+            if f["name"] in (enums or {}):
+                f["type"]["symbols"] += enums[f["name"]]
+        raw["fields"] = [f for f in raw["fields"] if f["name"] not in removed] + list(added)
+        return raw
+
+    loss = {"name": "loss", "type": ["null", "double"], "default": None}
+    newer_step = evolved("Step", enums={"trainer": ["dpo"], "type": ["CHECKPOINT"]}, added=(loss,))
+    newer_span = evolved("Span", enums={"kind": ["RETRIEVAL"]}, added=({"name": "model", "type": "string", "default": ""},))
+    older_step = evolved("Step", removed=("stage", "writer_id", "sequence_id", "spans_sent", "dropped_events"))
+
+    def container(schema: dict, records: list[dict]) -> bytes:
+        buf = io.BytesIO()
+        fastavro.writer(buf, fastavro.parse_schema(schema), records)
+        return buf.getvalue()
+
+    def step(run: str, type_: str, count: int, seq: int, **extra) -> dict:
+        return {**dict(project="st", run_id=run, attempt=1, stage="", time_ns=time.time_ns(), type=type_, trainer="dpo",
+                       step=-1, step_count=count, writer_id="w", sequence_id=seq), **extra}
+
+    codec, last = Codec(), {}
+    producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
+    await producer.start()
+    steps, spans = settings.topic("steps"), settings.topic("spans")
+    try:
+        last["current"] = time.time_ns()  # before the send: the streams cannot apply it earlier
+        await producer.send_and_wait(steps, key=b"st/current", value=codec.encode("Step", [step("current", "RUN_START", 0, 1, trainer="rl")]))
+        for i in range(11):
+            kind = "CHECKPOINT" if i % 2 else "HEARTBEAT"
+            last["newer"] = time.time_ns()
+            await producer.send_and_wait(steps, key=b"st/newer", value=container(newer_step, [step("newer", kind, i // 4, 2 * i + 1, loss=0.1)]))
+            old = {k: v for k, v in step("older", "HEARTBEAT", i // 4, 0, trainer="sft").items() if k not in ("writer_id", "sequence_id")}
+            last["older"] = time.time_ns()
+            await producer.send_and_wait(steps, key=b"st/older", value=container(older_step, [old]))
+            if i == 3:
+                t = time.time_ns()
+                rollouts = [{**dict(project="st", run_id="newer", attempt=1, stage="", time_ns=t, trace_id=b"t" * 16,
+                                    span_id=b"s" * 8, name="rollout", kind=kind, start_time_ns=t, end_time_ns=t, status="OK",
+                                    sequence_id=n + 1, writer_id="w", step=0, model="m"), **extra}
+                            for n, (kind, extra) in enumerate([("ROLLOUT", dict(reward=0.5, clipped=True)),
+                                                               ("ROLLOUT", dict(reward=0.0, clipped=False)),
+                                                               ("ROLLOUT", dict(reward=1.0, clipped=True)),
+                                                               ("RETRIEVAL", {})])]
+                await producer.send_and_wait(spans, key=b"st/newer", value=container(newer_span, rollouts))
+                await producer.send_and_wait(steps, key=b"st/newer", value=container(
+                    newer_step, [step("newer", "STEP", 1, 2 * i + 2, step=0, loss=None)]))
+            await asyncio.sleep(0.5)
+    finally:
+        await producer.stop()
+    return last
+
+
+def test_newer_and_older_writers_schemas_through_the_pipeline(settings: Settings) -> None:
+    settings = dataclasses.replace(stream_settings(settings), stall_after=60.0)
+    ensure_topics(settings)
+    with Pipeline(settings) as pipeline:
+        pipeline.start()
+        wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
+        last = asyncio.run(publish_evolved(settings))
+        pipeline.wait_caught_up(time.time_ns() + int((settings.silent_after + 2) * 1e9))
+        pipeline.stop()
+    with open_store(settings.clickhouse_dsn, owner="test") as store:
+        db, q = store.database, store.client.query
+        alerts = q(f"SELECT rule, key, state, first_seen_ns FROM {db}.alerts FINAL ORDER BY rule, key, state").result_rows
+        stats = q(f"SELECT run_id, step, rollouts, clipped FROM {db}.step_stats FINAL ORDER BY run_id, step").result_rows
+    # Each run went silent once, when it stopped: a silence is first seen silent_after after the
+    # last report the streams applied, so the newer and older runs' heartbeats all counted (one
+    # that failed to decode would have made them silent, or never tracked, 5 s earlier).
+    assert [a[:3] for a in alerts] == [("silent_run", f"st/{run}/1", "FIRING") for run in ("current", "newer", "older")]
+    for (_, key, _, first_seen), run in zip(alerts, ("current", "newer", "older")):
+        silent_from = first_seen - int(settings.silent_after * 1e9)  # when the streams applied its last report
+        assert last[run] <= silent_from < last[run] + 2_000_000_000, key
+    assert stats == [("newer", 0, 3, 2)]  # the newer span schema's rollouts, exact

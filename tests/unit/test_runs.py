@@ -394,3 +394,39 @@ def test_poison_messages_between_good_ones_are_skipped_logged_and_change_no_figu
     for (_, _, reason), line in zip(poison, [w for w in warnings if "undecodable" in w]):
         assert reason in line
     assert any("reward nan is not finite" in w for w in warnings)
+
+
+class Consumer:
+    """What ProcessedOffsets.caught_up reads of Faust's consumer: the fetcher's highwaters and the committed offsets."""
+
+    def __init__(self, high: dict, committed: dict):
+        self.high, self._committed_offset = high, committed
+
+    def highwater(self, tp):
+        return self.high.get(tp)
+
+
+def test_a_partition_is_caught_up_once_what_was_waiting_when_it_was_assigned_is_processed():
+    from types import SimpleNamespace
+
+    from streams.commits import STUCK_S, ProcessedOffsets
+
+    spans, steps = ("t.spans", 0), ("t.steps", 0)
+    consumer, offsets = Consumer({spans: None, steps: 7}, {spans: 3, steps: 7}), ProcessedOffsets()
+    assert not offsets.caught_up(consumer, [spans, steps], 0.0)  # no fetch answered for spans yet
+    consumer.high[spans] = 5
+    assert not offsets.caught_up(consumer, [spans, steps], 0.5)  # targets fixed now: 5 and 7; spans done up to 3
+    offsets.done(SimpleNamespace(tp=spans, offset=3))
+    consumer.high[spans] = 9  # live traffic after the assignment does not hold it back
+    assert not offsets.caught_up(consumer, [spans, steps], 1.0)
+    offsets.done(SimpleNamespace(tp=spans, offset=4))
+    assert offsets.caught_up(consumer, [spans, steps], 1.5)
+    offsets.forget({spans, steps})  # revoked and assigned again: a new catch-up
+    assert not offsets.caught_up(consumer, [spans, steps], 2.0)
+    # a catch-up that makes no progress (the log's start moved past offsets never committed) is given up
+    stuck = Consumer({spans: 50, steps: 0}, {})
+    offsets = ProcessedOffsets()
+    assert not offsets.caught_up(stuck, [spans, steps], 0.0)
+    assert not offsets.caught_up(stuck, [spans, steps], 1.0)
+    assert not offsets.caught_up(stuck, [spans, steps], STUCK_S)
+    assert offsets.caught_up(stuck, [spans, steps], STUCK_S + 1.0)
