@@ -19,6 +19,7 @@ order: the question here is whether the rules saw complete figures, once each.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 import threading
@@ -31,7 +32,8 @@ import pytest
 from producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, offsets, wait_groups_ready
 from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
+from schemas.codec import Codec
+from schemas.topics import ensure_topics, read_topic
 from sinks.clickhouse import open_store
 from streams.alerting import AlertBook, grader_failure_rate, step_rules
 from streams.histograms import RewardHistogram
@@ -254,6 +256,18 @@ def read_figures(settings: Settings) -> dict[str, Any]:
         }
 
 
+def emitted_more_than_once(settings: Settings) -> dict[str, list]:
+    """Steps and windows whose figures the streams published more than once. Each should close
+    once, complete: a second emission means it was closed before all of it was read (the
+    alert rules then judged the part), or a replay was not recognised."""
+    codec, out = Codec(), {}
+    for short, fields in (("step-stats", ("run_id", "step")), ("grader-windows", ("run_id", "term", "window_start_ns"))):
+        messages = asyncio.run(read_topic(settings.kafka_client_kwargs(), settings.topic(short)))
+        keys = Counter(tuple(r[f] for f in fields) for m in messages for r in codec.decode(m.value).records)
+        out[short] = sorted(k for k, n in keys.items() if n > 1)
+    return out
+
+
 def assert_figures_equal(want: dict[str, Any], got: dict[str, Any]) -> None:
     for name in ("failures", "windows", "steps", "histograms", "alerts"):
         w, g = want[name], got[name]
@@ -310,8 +324,11 @@ def test_streams_down_two_minutes_while_jobs_publish(settings: Settings) -> None
     counts = check_delivery(jobs, got)
     print(f"\nstreams down 120 s: {counts}; windows {len(want['windows'])}, steps {len(want['steps'])}, "
           f"alerts {len(want['alerts'])}; after the restart the streams had read what waited in {catch_up[settings.app_id]} s")
+    again = emitted_more_than_once(settings)
+    print(f"emitted more than once: {again}")
     assert counts["dropped"] == 0
     assert_figures_equal(want, got)
+    assert again == {"step-stats": [], "grader-windows": []}
     assert {rule for rule, *_ in want["alerts"]} == {"clipped_ratio_rising", "reward_collapse", "grader_failure_rate"}
 
 
@@ -352,6 +369,9 @@ def test_broker_down_20s_while_jobs_publish(own_broker, tmp_path) -> None:
     print(f"\nbroker down 20 s: {counts}; from the broker's return: SDK buffers delivered in {sdk_s} s, streams "
           f"through them in {recovered[settings.app_id]} s, sink in {recovered[settings.sink_group]} s "
           f"(recovery {recovery} s)")
+    again = emitted_more_than_once(settings)
+    print(f"emitted more than once: {again}")
     assert counts["dropped"] > 0, "the outage was meant to overflow the SDK's buffer"
     assert_figures_equal(expected(jobs, settings), got)
+    assert again == {"step-stats": [], "grader-windows": []}
     assert recovery < 120
