@@ -191,3 +191,15 @@ def test_reward_collapse_fires_above_the_zero_fraction_and_resolves_at_or_below_
     assert step_rules(book, state, stats(3, 0.1, zero=0.9), TH, now_ns=3) == []
     [resolved] = step_rules(book, state, stats(4, 0.1, zero=0.5), TH, now_ns=4)
     assert (resolved["rule"], resolved["state"], resolved["first_seen_ns"]) == ("reward_collapse", "RESOLVED", 2)
+
+
+def test_the_pollers_at_once_xid_sample_neither_resolves_nor_refires_a_slowdown():
+    """Its throttle reasons are one reading (or none), not the OR of an export interval."""
+    book, state = AlertBook({}), {}
+    seq = [hardware(book, state, gpu(0, throttle=0x9), TH, now_ns=1, since_ns=10),
+           hardware(book, state, gpu(1, 79, throttle=0x0), TH, now_ns=2, since_ns=20),  # the XID, at once
+           hardware(book, state, gpu(1, 79, throttle=0x9), TH, now_ns=3, since_ns=30),  # the next export
+           hardware(book, state, gpu(1, 79, throttle=0x1), TH, now_ns=4, since_ns=40)]
+    assert [states(out) for out in seq] == [[("hw_slowdown", "FIRING", "GPU-1")], [("xid", "FIRING", "GPU-1")], [],
+                                           [("hw_slowdown", "RESOLVED", "GPU-1")]]
+    assert seq[3][0]["first_seen_ns"] == 10  # since_ns: the sample's time, not the clock

@@ -174,3 +174,32 @@ def test_state_values_are_replaced_not_mutated():
     snapshot = dict(before)
     det.observe(ev("STEP", 1, step=0), now_ns=5 * S)
     assert before == snapshot and state["p/r1/1"] is not before
+
+
+def test_an_episode_fired_again_from_the_same_state_keeps_its_first_seen():
+    """A crash lost the write that recorded the FIRING (it was published): a detector restarted
+    from the state before it fires again, later, and the sink must see the same episode."""
+    import copy
+
+    det, state, book_state = detector(stall_after=900, silent_after=300)
+    det.observe(ev("RUN_START", 0), now_ns=0)
+    det.observe(ev("STEP", 1, step=0), now_ns=100 * S)
+    saved = copy.deepcopy(state), copy.deepcopy(book_state)
+    [silent] = det.tick(400 * S)
+    again_state, again_book = saved
+    restarted = StallDetector(again_state, AlertBook(again_book), 900, 300, resumed_ns=700 * S)
+    assert restarted.tick(999 * S) == []  # silence counts from the restart
+    [again] = restarted.tick(1000 * S)
+    assert (again["rule"], again["state"]) == ("silent_run", "FIRING")
+    assert again["first_seen_ns"] == silent["first_seen_ns"] == 400 * S  # the last report plus silent_after
+    det2, state2, book2 = detector(stall_after=900, silent_after=300)
+    det2.observe(ev("RUN_START", 0), now_ns=0)
+    for t in range(15, 900, 15):
+        det2.observe(ev("HEARTBEAT", 0), now_ns=t * S)
+    [stalled] = det2.tick(900 * S)
+    restarted = StallDetector(copy.deepcopy(state2), AlertBook({}), 900, 300, resumed_ns=950 * S)
+    for t in range(960, 1850, 15):
+        assert restarted.observe(ev("HEARTBEAT", 0), now_ns=t * S) == []
+    [again] = restarted.tick(1850 * S)  # stall_after from the restart
+    assert (again["rule"], again["state"]) == ("stalled_run", "FIRING")
+    assert again["first_seen_ns"] == stalled["first_seen_ns"] == 900 * S  # the last increase plus stall_after
