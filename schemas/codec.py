@@ -154,7 +154,9 @@ def read_header(data: bytes) -> Header:
         if len(_NAMES) > 1000:  # writer schemas are few; bogus headers must not grow it
             _NAMES.clear()
         _NAMES[schema_json] = name
-    return Header(schema_json=schema_json, codec=meta.get("avro.codec", b"null").decode(), sync=bytes(data[pos:pos + SYNC_SIZE]),
+    # not UTF-8: an unknown codec name that fastavro refuses, never an exception of another kind
+    codec = meta.get("avro.codec", b"null").decode("utf-8", "replace")
+    return Header(schema_json=schema_json, codec=codec, sync=bytes(data[pos:pos + SYNC_SIZE]),
                   end=pos + SYNC_SIZE, name=name)
 
 

@@ -21,7 +21,8 @@ from streams.runs import SPAN_FIELDS
 
 PATHS = ["c-extension", "fastavro"]
 # RLPULSE_FUZZ_EXAMPLES: more examples for a longer search than the test suite runs
-FUZZ = settings(max_examples=int(os.environ.get("RLPULSE_FUZZ_EXAMPLES", "300")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=int(os.environ.get("RLPULSE_FUZZ_EXAMPLES", "300")), deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow])  # no example database left in the checkout
 
 
 @contextlib.contextmanager
