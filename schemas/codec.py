@@ -103,6 +103,8 @@ def _read_long(data: bytes | memoryview, pos: int) -> tuple[int, int]:
         pos += 1
         result |= (b & 0x7F) << shift
         if not b & 0x80:
+            if result >> 64:  # an Avro long has 64 bits; more would overflow the C decoder's count
+                raise DecodeError("corrupt Avro container (varint beyond 64 bits)")
             return (result >> 1) ^ -(result & 1), pos
         shift += 7
         if shift > 63:

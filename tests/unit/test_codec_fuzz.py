@@ -149,3 +149,13 @@ def test_a_writer_schema_whose_values_can_take_no_bytes_is_refused():
     assert len(fastavro.reader(io.BytesIO(data)).__next__()["pad"]) == 2**20  # what a reader without the check builds
     with pytest.raises(DecodeError, match="array of items that take no bytes"):
         Codec().decode(data)
+
+
+@pytest.mark.parametrize("which", PATHS)
+def test_a_block_count_beyond_64_bits_is_a_decode_error(which):
+    codec = Codec()
+    data = codec.encode("Step", [STEP])
+    header_end = len(codec.reader("Step").header)
+    huge = b"\xff" * 9 + b"\x7f"  # ten bytes, 70 bits: no Avro long
+    with path(which), pytest.raises(DecodeError, match="beyond 64 bits"):
+        Codec().decode(data[:header_end] + huge + data[header_end + 1:])
