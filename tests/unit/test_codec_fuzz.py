@@ -156,6 +156,6 @@ def test_a_block_count_beyond_64_bits_is_a_decode_error(which):
     codec = Codec()
     data = codec.encode("Step", [STEP])
     header_end = len(codec.reader("Step").header)
-    huge = b"\xff" * 9 + b"\x7f"  # ten bytes, 70 bits: no Avro long
+    huge = b"\xfe" + b"\xff" * 8 + b"\x7f"  # ten bytes, 70 bits, zig-zag positive: no Avro long
     with path(which), pytest.raises(DecodeError, match="beyond 64 bits"):
         Codec().decode(data[:header_end] + huge + data[header_end + 1:])
