@@ -110,7 +110,9 @@ cdef inline long long read_long(const unsigned char[:] buf, Py_ssize_t* pos) exc
 
 cdef inline Py_ssize_t take(const unsigned char[:] buf, Py_ssize_t* pos, Py_ssize_t n) except -1:
     cdef Py_ssize_t p = pos[0]
-    if n < 0 or p + n > buf.shape[0]:
+    # n - not p + n: a length near 2**63 from a corrupt varint would overflow the sum past the
+    # check, and the reads after it would run outside the buffer (a segfault of the worker)
+    if n < 0 or n > buf.shape[0] - p:
         raise BlockDecodeError("truncated Avro data")
     pos[0] = p + n
     return p

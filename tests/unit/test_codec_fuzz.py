@@ -159,3 +159,30 @@ def test_a_block_count_beyond_64_bits_is_a_decode_error(which):
     huge = b"\xfe" + b"\xff" * 8 + b"\x7f"  # ten bytes, 70 bits, zig-zag positive: no Avro long
     with path(which), pytest.raises(DecodeError, match="beyond 64 bits"):
         Codec().decode(data[:header_end] + huge + data[header_end + 1:])
+
+
+@pytest.mark.parametrize("which", PATHS)
+def test_a_length_near_2_to_the_63_is_a_decode_error_not_a_segfault(which):
+    """A string length of 2**63 - 1 overflowed the C decoder's bounds check (p + n): it read
+    outside the block and killed the worker, and every restart replayed the message. Run in a
+    child process, so a regression fails this test instead of ending the test run."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import schemas.codec as codec_module
+        from schemas.codec import Codec, DecodeError, _long_bytes
+        if {which!r} == "fastavro":
+            codec_module.compile_schema = None
+        header = Codec().reader("Step").header
+        body = _long_bytes(2**63 - 1) + b"x" * 40  # the project string's length
+        data = header + _long_bytes(1) + _long_bytes(len(body)) + body + header[-16:]
+        try:
+            Codec().decode(data)
+        except DecodeError as exc:
+            print("DecodeError:", exc)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"the decoder died ({done.returncode}): {done.stderr[-500:]}"
+    assert done.stdout.startswith("DecodeError:"), done.stdout + done.stderr
