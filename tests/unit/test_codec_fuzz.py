@@ -89,13 +89,19 @@ def test_arbitrary_bytes_are_records_or_a_decode_error(which, data):
         check(MAGIC + data)
 
 
+EDGES = [2**63 - 1, -2**63, 2**62, 2**31, 2**31 - 1, -1, 0, 1, 2**16, -2**31]
+
+
 @st.composite
 def mutated(draw):
     """A valid container with a few random byte changes, insertions, deletions, and a truncation."""
     data = bytearray(draw(st.sampled_from(VALID)))
     for _ in range(draw(st.integers(0, 4))):
-        op, at = draw(st.sampled_from(["flip", "set", "insert", "delete"])), draw(st.integers(0, len(data) - 1))
-        if op == "flip":
+        op, at = draw(st.sampled_from(["flip", "set", "insert", "delete", "varint"])), draw(st.integers(0, len(data) - 1))
+        if op == "varint":  # a length or count at the edges of what a long holds, over as many bytes
+            encoded = codec_module._long_bytes(draw(st.sampled_from(EDGES) | st.integers(-2**63, 2**63 - 1)))
+            data[at:at + len(encoded)] = encoded  # block sizes stay right: the decoder meets it
+        elif op == "flip":
             data[at] ^= 1 << draw(st.integers(0, 7))
         elif op == "set":
             data[at] = draw(st.integers(0, 255))
