@@ -21,7 +21,7 @@ import logging
 import sys
 import time
 from collections import defaultdict
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import faust
 from faust.types import TP
@@ -101,25 +101,22 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
     prefix_len = len(settings.topic_prefix) + 1
 
     async def drive(stream: faust.StreamT, on_message: Callable[..., list[Output]],
-                    on_tick: Callable[[int, int], Awaitable[list[Output]]]) -> None:
+                    on_tick: Callable[[int, int], list[Output]]) -> None:
         """One agent's loop: a tick or a message in, the outputs published, the offset marked done."""
         async for event in stream.events():
             msg, now = event.message, clock()
             short = msg.topic[prefix_len:]
             if short == TICKS_TOPIC:
-                await publish(await on_tick(msg.partition, now))
+                await publish(on_tick(msg.partition, now))
             else:
                 records = inputs.decode(short, event.value, f"{msg.topic}[{msg.partition}]@{msg.offset}")
                 if records:
                     await publish(on_message(short, msg.partition, records, now))
             processed.done(msg)
 
-    async def run_tick(partition: int, now: int) -> list[Output]:
+    def run_tick(partition: int, now: int) -> list[Output]:
         sources = [TP(settings.topic(short), partition) for short in RUN_TOPICS if short != TICKS_TOPIC]
         return runs.on_tick(partition, now, caught_up=processed.caught_up(app.consumer, sources, time.monotonic()))
-
-    async def gpu_tick(partition: int, now: int) -> list[Output]:
-        return gpus.on_tick(partition, now)
 
     @app.agent(topic(*RUN_TOPICS), concurrency=1)
     async def run_agent(stream: faust.StreamT) -> None:
@@ -127,7 +124,7 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
 
     @app.agent(topic(*HARDWARE_TOPICS), concurrency=1)
     async def gpu_agent(stream: faust.StreamT) -> None:
-        await drive(stream, lambda short, partition, records, now: gpus.on_message(partition, records, now), gpu_tick)
+        await drive(stream, lambda short, partition, records, now: gpus.on_message(partition, records, now), gpus.on_tick)
 
     @app.timer(interval=TICK_INTERVAL_S)
     async def tick() -> None:
