@@ -62,6 +62,10 @@ class SoakConfig:
     warmup_minutes: float | None = None  # None: 2, or a quarter of a shorter soak
     rate: float | None = None  # span events/s; None: half of bench/results/latest.json's drain, else DEFAULT_RATE
     runs: int = 100
+    # Rollouts per step. With bench's 50, 100 runs at 28k events/s each complete a step every
+    # 0.35 s, and every run's state holds ~57 retained steps, rewritten whole per message: the
+    # streams then fall behind (~12k events/s). 1,000 is a step every ~7 s, still quick for RL.
+    rollouts: int = 1000
     per_message: int = 200  # span records per container, as the bench's latency phase
     sample_s: float = 5.0
     max_lag_s: float = 30.0
@@ -124,7 +128,7 @@ class LagClock:
 async def live_load(settings: Settings, pipeline: Pipeline, config: SoakConfig, rate: float, truth: Truth,
                     progress: Progress) -> list[dict[str, Any]]:
     """Publish ``rate`` span events/s for ``config.minutes``; a sample of memory and lag every ``sample_s``."""
-    live = LiveRuns(WorkloadConfig(project="soak"), runs=config.runs, per_message=config.per_message)
+    live = LiveRuns(WorkloadConfig(project="soak", rollouts=config.rollouts), runs=config.runs, per_message=config.per_message)
     codec, streams, sink = Codec(), settings.app_id, settings.sink_group
     raw = (settings.topic("spans"), settings.topic("steps"))
     clock = LagClock((streams, sink))
@@ -171,7 +175,8 @@ async def live_load(settings: Settings, pipeline: Pipeline, config: SoakConfig, 
                         last_print = s.t
                         progress(f"soak: {sample['t']:5.0f}s {sent_events / max(sample['t'], 1e-9):,.0f} events/s, "
                                  f"RSS {sample['rss_mib']} MiB, lag {sample['lag_s']} s")
-                await asyncio.sleep(0.05)
+                # behind schedule: straight on (a fixed pause here capped the rate at ~17k events/s)
+                await asyncio.sleep(max(0.0, min(0.05, (sent_events - rate * (time.monotonic() - t0)) / rate)))
             await send(live.ends(time.time_ns()))
     finally:
         await producer.stop()
@@ -297,13 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-minutes", type=float, default=None, help="not measured (default 2, or a quarter of a shorter soak)")
     p.add_argument("--rate", type=float, default=None, help="span events/s (default: half the latest bench drain, else 28,000)")
     p.add_argument("--runs", type=int, default=d.runs, help="live training runs publishing")
+    p.add_argument("--rollouts", type=int, default=d.rollouts, help="rollouts per step of each run")
     p.add_argument("--max-lag-s", type=float, default=d.max_lag_s, help="lag bound, seconds of events")
     p.add_argument("--max-lag-growth-s", type=float, default=d.max_lag_growth_s, help="rise of the lag's trend line over the soak")
     p.add_argument("--max-rss-growth-pct", type=float, default=d.max_rss_growth_pct, help="RSS growth after the warm-up")
     p.add_argument("--no-exact", action="store_true", help="skip comparing ClickHouse with the truth at the end")
     p.add_argument("--keep", action="store_true", help="keep the soak's topics and chDB store")
     args = p.parse_args(argv)
-    config = SoakConfig(minutes=args.minutes, warmup_minutes=args.warmup_minutes, rate=args.rate, runs=args.runs,
+    config = SoakConfig(minutes=args.minutes, warmup_minutes=args.warmup_minutes, rate=args.rate, runs=args.runs, rollouts=args.rollouts,
                         max_lag_s=args.max_lag_s, max_lag_growth_s=args.max_lag_growth_s,
                         max_rss_growth_pct=args.max_rss_growth_pct, exact=not args.no_exact, keep=args.keep)
     settings = Settings.load()
