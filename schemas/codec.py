@@ -132,13 +132,13 @@ def read_header(data: bytes) -> Header:
         for _ in range(count):
             klen, pos = _read_long(data, pos)
             # a negative length would move pos backwards: the same bytes read for ever
-            if klen < 0 or pos + klen > len(data):
-                raise DecodeError("corrupt Avro container header (a metadata key runs past the end)")
+            if klen < 0 or pos + klen > len(data):  # a cut message or a bad length: the bytes cannot tell
+                raise DecodeError("truncated or corrupt Avro container header (a metadata key runs past the end)")
             key = bytes(data[pos:pos + klen]).decode("utf-8", "replace")
             pos += klen
             vlen, pos = _read_long(data, pos)
             if vlen < 0 or pos + vlen > len(data):
-                raise DecodeError("corrupt Avro container header (a metadata value runs past the end)")
+                raise DecodeError("truncated or corrupt Avro container header (a metadata value runs past the end)")
             meta[key] = bytes(data[pos:pos + vlen])
             pos += vlen
     if pos + SYNC_SIZE > len(data):

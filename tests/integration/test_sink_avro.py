@@ -240,7 +240,7 @@ def test_truncated_and_oversize_containers_are_dead_lettered_and_neighbours_land
     reasons = {(d["source"].split("[")[0], int(d["source"].rsplit("@", 1)[1])): d["reason"] for d in letters}
     spans, steps = settings.topic("spans"), settings.topic("steps")
     assert set(reasons) == {(spans, 1), (spans, 2), (steps, 1), (spans, 4)}
-    assert "truncated Avro container" in reasons[(spans, 1)]  # cut inside the header
+    assert "truncated" in reasons[(spans, 1)] and "container header" in reasons[(spans, 1)]  # cut inside the header
     assert "container holds 51 records, over the sink's limit of 50 a message" in reasons[(spans, 2)]
     assert "over the sink's limit of 65536 a message" in reasons[(steps, 1)]
     assert "runs past the end" in reasons[(spans, 4)]
