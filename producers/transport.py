@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
+from aiokafka.errors import (InvalidProducerIdMapping, MessageSizeTooLargeError, OutOfOrderSequenceNumber,
+                             RecordTooLargeError, UnknownProducerId)
 
 from producers.queue import Item
 from rlpulse.settings import Settings
@@ -24,6 +25,9 @@ from schemas.codec import Codec
 from schemas.topics import ensure_topics_async
 
 log = logging.getLogger(__name__)
+
+# Errors after which the broker refuses this producer's idempotent sequence for good: only a new producer helps.
+PRODUCER_LOST = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerIdMapping)
 
 MAX_MESSAGE_BYTES = 1024 * 1024  # the broker's default message.max.bytes is 1 MiB (+12)
 BATCH_RECORDS = 1000
@@ -184,6 +188,24 @@ class KafkaTransport:
                 backoff = min(backoff * 2, 5.0)
         return False
 
+    async def _renew(self, stopping: Callable[[], bool]) -> bool:
+        """Replace a producer whose idempotence state the broker no longer accepts; False if stopped first.
+
+        After a broker restart with batches in flight, the broker may refuse the producer's next
+        sequence number for good (aiokafka #1017): retrying on the same producer would fail for
+        ever while the buffer fills. A new producer gets a new id. What the broker had already
+        written of the resent batches comes twice; the streams' sequence marks and the tables'
+        keys make that change nothing.
+        """
+        log.warning("the broker no longer accepts this producer's sequence numbers; starting a new producer")
+        old, self.producer = self.producer, None
+        if old is not None:
+            try:
+                await asyncio.wait_for(old.stop(), 2.0)
+            except Exception:  # its pending batches fail with it; the caller resends them
+                pass
+        return await self.start(stopping)
+
     async def stop(self) -> None:
         """Stop the producer; after interrupt() only briefly, since its flush may wait for a broker that is down."""
         if self.producer is not None:
@@ -244,5 +266,7 @@ class KafkaTransport:
                             type(error).__name__, error, backoff)
                 await self._backoff(backoff)
                 backoff = min(backoff * 2, 5.0)
+                if any(isinstance(r, PRODUCER_LOST) for r in results) and not await self._renew(stopping):
+                    return failed
             todo = failed
         return []
