@@ -139,8 +139,9 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
         p, now = runs.processor, time.monotonic()
         records = p.applied - throughput["records"]
         if records:
-            log.info("run processor: %d records in %.0fs (%.0f/s); %d replayed records skipped so far",
-                     records, now - throughput["at"], records / (now - throughput["at"]), p.duplicates)
+            log.info("run processor: %d records in %.0fs (%.0f/s); %d replayed records skipped, %d missing "
+                     "(sequence gaps) so far", records, now - throughput["at"], records / (now - throughput["at"]),
+                     p.duplicates, p.sequence_gaps)
         throughput.update(at=now, records=p.applied)
 
     # Twice Faust's interval: it only steps in where Faust's own commit did not move.

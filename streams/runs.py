@@ -88,6 +88,9 @@ class RunProcessor:
         self.idle_ns = int(config.idle_s * NS)
         self.retention_ns = int(config.retention_s * NS)
         self.duplicates = 0  # records skipped by their sequence marks
+        # Sequence ids are contiguous per writer and topic, so a jump means records this worker never
+        # saw (lost upstream, or skipped by the consumer): counted and logged, never silent.
+        self.sequence_gaps = 0
         self.applied = 0  # records applied
 
     def behind(self, partition: int, now_ns: int) -> None:
@@ -98,6 +101,11 @@ class RunProcessor:
         """Wall clock from which the run's silence counts: the restart, or the end of its partition's catch-up."""
         return self._behind_ns.get(run.partition, self.resumed_ns)
 
+    def _gap(self, run: Run, stream: str, last: int, seq: int) -> None:
+        self.sequence_gaps += seq - last - 1
+        log.warning("run %s: %s jumped from sequence %d to %d: %d records never reached this worker "
+                    "(%d missing so far)", run.key, stream, last, seq, seq - last - 1, self.sequence_gaps)
+
     # -- messages ----------------------------------------------------------------------------
     def on_records(self, run: Run, topic: str, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
         """Apply one message's records (``topic`` is ``spans`` or ``steps``) and close what is due."""
@@ -107,9 +115,12 @@ class RunProcessor:
             seq = r.get("sequence_id") or 0
             stream = f"{topic}|{r['attempt']}|{r.get('writer_id', '')}"
             if seq > 0:
-                if seq <= marks.get(stream, 0):
+                last = marks.get(stream, 0)
+                if seq <= last:
                     self.duplicates += 1
                     continue
+                if last and seq > last + 1:
+                    self._gap(run, stream, last, seq)
                 marks[stream] = seq
             t = r["time_ns"]
             mark = progress.get(stream)

@@ -106,6 +106,19 @@ def test_a_replay_changes_no_figure():
     assert h.stage.processor.duplicates == sum(len(r) for _, r in messages)
 
 
+def test_a_message_the_worker_never_saw_is_counted_as_a_sequence_gap_and_logged(caplog):
+    h = Harness(CONFIG)
+    messages, _ = workload(Job())
+    spans = [i for i, (topic, _) in enumerate(messages) if topic == "spans"]
+    skipped = spans[1]  # as a consumer that skipped offsets would: the records after it still come
+    for i, (topic, records) in enumerate(messages):
+        if i != skipped:
+            h.feed(topic, records)
+    assert h.stage.processor.sequence_gaps == len(messages[skipped][1])
+    assert h.stage.processor.duplicates == 0
+    assert "records never reached this worker" in caplog.text
+
+
 @pytest.mark.parametrize("lose_last_write", [False, True])
 def test_a_crash_then_replay_of_the_uncommitted_messages_gives_exact_figures(lose_last_write):
     h = Harness(CONFIG)
