@@ -109,6 +109,11 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
             if short == TICKS_TOPIC:
                 await publish(on_tick(msg.partition, now))
             else:
+                back = processed.missed(app.consumer, msg, time.monotonic())
+                if back is not None:
+                    if back >= 0:
+                        await app.consumer.seek(msg.tp, back)
+                    continue  # not processed: it is read again after the offsets sought back to
                 records = inputs.decode(short, event.value, f"{msg.topic}[{msg.partition}]@{msg.offset}")
                 if records:
                     await publish(on_message(short, msg.partition, records, now))
