@@ -120,6 +120,22 @@ async def delete_topics(settings: Settings, prefixes: tuple[str, ...] | None = N
         await admin.close()
 
 
+def show_log_tails(log_dir: Path, progress: Progress) -> None:
+    """The last lines of each process's log: why a failed run failed."""
+    for log in sorted(log_dir.glob("*.log")):
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        progress(f"--- last lines of {log} ---\n{tail}")
+
+
+def clean_up(settings: Settings, tmp: Path, progress: Progress) -> None:
+    """Delete the run's topics and its scratch folder (the chDB store); best effort, said when it fails."""
+    try:
+        asyncio.run(delete_topics(settings))
+    except Exception as exc:
+        progress(f"could not delete the run's topics ({settings.topic_prefix}.*): {exc}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def check_exact(settings: Settings, truth: Truth, project: str) -> dict[str, Any]:
     """ClickHouse's figures against the truth: failures by cause per run, rollouts and clipped per step,
     raw rows. The latest emission of each window or step wins, as FINAL would merge them."""
@@ -250,16 +266,10 @@ def _repetition(base: Settings, config: E2EConfig, results: Path, rep: int, last
         out["errors"][f"e2e_rep{rep + 1}"] = f"{type(exc).__name__}: {exc}"
         figures.setdefault("e2e_exact", False)
         progress(f"e2e failed: {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}")
-        for log in sorted(log_dir.glob("*.log")):
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-            progress(f"--- last lines of {log} ---\n{tail}")
+        show_log_tails(log_dir, progress)
     finally:
         if not config.keep:
-            try:
-                asyncio.run(delete_topics(settings))
-            except Exception as exc:  # cleanup is best effort; say so
-                progress(f"could not delete the benchmark's topics ({settings.topic_prefix}.*): {exc}")
-            shutil.rmtree(tmp, ignore_errors=True)
+            clean_up(settings, tmp, progress)
         else:
             progress(f"kept topics {settings.topic_prefix}.* and the chDB store {tmp / 'clickhouse'}")
     figures["rep_seconds"] = round(time.monotonic() - begun, 1)

@@ -40,7 +40,7 @@ os.environ.setdefault("RLPULSE_HOME", str(ROOT / ".rlpulse"))
 from aiokafka import AIOKafkaProducer, TopicPartition  # noqa: E402
 
 from bench.drain import Sent, producer_kwargs, send_all  # noqa: E402
-from bench.e2e import E2EConfig, bench_settings, check_exact, delete_topics  # noqa: E402
+from bench.e2e import E2EConfig, bench_settings, check_exact, clean_up, show_log_tails  # noqa: E402
 from bench.monitor import OffsetWatcher, process_tree  # noqa: E402
 from bench.workload import LiveRuns, Message, Truth, WorkloadConfig  # noqa: E402
 from rlpulse import services  # noqa: E402
@@ -263,16 +263,10 @@ def run_soak(base: Settings, config: SoakConfig, progress: Progress) -> dict[str
     except Exception as exc:  # the figures measured so far still go to soak.json, with the reason
         result["error"] = f"{type(exc).__name__}: {exc}"
         progress(f"soak failed: {result['error']}")
-        for log in sorted(log_dir.glob("*.log")):
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-            progress(f"--- last lines of {log} ---\n{tail}")
+        show_log_tails(log_dir, progress)
     finally:
         if not config.keep:
-            try:
-                asyncio.run(delete_topics(settings))
-            except Exception as exc:  # cleanup is best effort; say so
-                progress(f"could not delete the soak's topics ({settings.topic_prefix}.*): {exc}")
-            shutil.rmtree(tmp, ignore_errors=True)
+            clean_up(settings, tmp, progress)
     result["passed"] = bool(result.get("checks")) and all(result["checks"].values())
     return result
 
