@@ -63,7 +63,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_query(args: argparse.Namespace) -> int:
     from sinks import queries
-    from sinks.clickhouse import open_store
+    from sinks.clickhouse import open_reader
 
     if args.list:
         if args.sql or args.saved:
@@ -82,7 +82,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         queries.load_saved(args.saved)  # an unknown name fails before opening the store
     settings = _settings(args)
     # This process's own store and client, used for the read-only query only (readonly=1 sticks to it).
-    with open_store(settings.clickhouse_dsn, owner="rlpulse query") as store:
+    with open_reader(settings.clickhouse_dsn, owner="rlpulse query") as store:
         sql = queries.saved_sql(args.saved, params, store.database) if args.saved else args.sql
         try:
             columns, rows = queries.run_query(store.client, sql, params)
@@ -185,13 +185,13 @@ def cmd_gpu_poller(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sinks.clickhouse import open_store
+    from sinks.clickhouse import open_reader
     from sinks.report import print_report
 
     if bool(args.html) != bool(args.run):
         raise ValueError("RUN and --html go together: rlpulse report RUN --html out.html")
     settings = _settings(args)
-    with open_store(settings.clickhouse_dsn, owner="rlpulse report") as store:
+    with open_reader(settings.clickhouse_dsn, owner="rlpulse report") as store:
         if args.html:
             from sinks.html_report import write_report
 

@@ -98,6 +98,15 @@ def open_store(dsn: str, owner: str = "rlpulse", database: str | None = None) ->
     raise ValueError(f"RLPULSE_CLICKHOUSE_URL: unsupported scheme {parts.scheme!r}; use chdb:///path or http://user:pass@host:8123/db")
 
 
+def open_reader(dsn: str, owner: str = "rlpulse") -> Store:
+    """Open ``dsn`` for read-only work (query, report, watch).
+
+    Today this is :func:`open_store`; the read endpoint of the store's owner (issue 10) makes it
+    reach a chDB store that another process holds.
+    """
+    return open_store(dsn, owner=owner)
+
+
 def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365, until: str | None = None) -> list[str]:
     """Apply the numbered migrations not yet recorded; safe to run twice. Returns those applied now.
 
