@@ -190,15 +190,35 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if bool(args.html) != bool(args.run):
         raise ValueError("RUN and --html go together: rlpulse report RUN --html out.html")
+    if not args.html and (args.step is not None or args.sample is not None):
+        raise ValueError("--step and --sample choose the trajectories of the HTML page: "
+                         "rlpulse report RUN --html out.html --step N --sample ID")
+    if args.step is not None and args.step < 0:
+        raise ValueError(f"--step must be 0 or more, got {args.step}")
     settings = _settings(args)
     with open_reader(settings.clickhouse_dsn, owner="rlpulse report") as store:
         if args.html:
             from sinks.html_report import write_report
 
-            print(f"wrote {write_report(store, args.run, args.html, attempt=args.attempt)}")
+            out = write_report(store, args.run, args.html, attempt=args.attempt, step=args.step, sample=args.sample)
+            print(f"wrote {out}")
         else:
             print_report(store, project=args.project)
     return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from sinks.clickhouse import open_reader
+    from sinks.watch import watch
+
+    from rlpulse.settings import parse_duration
+
+    interval = parse_duration(args.interval)
+    if interval <= 0:
+        raise ValueError(f"--interval must be above 0, got {args.interval}")
+    settings = _settings(args)
+    return watch(settings.clickhouse_dsn, lambda dsn: open_reader(dsn, owner="rlpulse watch"), interval,
+                 project=args.project, show_all=args.all, once=args.once)
 
 
 def _bench_options():
@@ -352,8 +372,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="PATH", help="write a self-contained HTML page of RUN's charts to PATH")
     p.add_argument("--attempt", type=int, help="attempt of RUN (default: the latest one with data)")
     p.add_argument("--project", help="only this project (text report)")
+    p.add_argument("--step", type=int, help="with --html: the step whose trajectories the page shows "
+                   "(default: the latest step with rollouts)")
+    p.add_argument("--sample", metavar="ID", help="with --html: the sample (prompt) whose trajectories the page "
+                   "shows (default: the step's first sample by id; the page lists the others)")
     _add_common(p)
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("watch", help="a live terminal view of the active runs (step, pace, reward, alerts, GPUs)",
+                       description="One line per active run, refreshed from ClickHouse: step, steps per minute, "
+                       "reward mean and clipped ratio of the latest step, grader failure rate, state "
+                       "(RUNNING, STALLED, SILENT, ENDED); then the runs' GPUs and open alerts. A run is active "
+                       "when it reported in the last 10 minutes or has an open stall or silence alert; ended "
+                       "runs are dimmed. Ctrl-C quits.")
+    p.add_argument("--interval", default="2s", help="refresh interval (500ms, 2s, 1m)")
+    p.add_argument("--project", help="only this project")
+    p.add_argument("--all", action="store_true", help="every run in the database, not only the active ones")
+    p.add_argument("--once", action="store_true", help="print one frame and exit (scripts, tests)")
+    _add_common(p)
+    p.set_defaults(func=cmd_watch)
     return parser
 
 

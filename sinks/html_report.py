@@ -299,15 +299,19 @@ body {{ font-family: sans-serif; margin: 24px; color: #222; background: #fafafa;
 section {{ background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 8px 16px; margin: 16px 0;
   max-width: 1040px; }}
 h2 {{ font-size: 17px; margin: 8px 0; }}
-</style></head>
+{css}</style></head>
 <body><h1>{title}</h1><p>{subtitle}</p>
 {sections}
 </body></html>
 """
 
 
-def render(store: Store, run_id: str, attempt: int | None = None) -> str:
-    """The whole page as a string. ``attempt`` None: the latest attempt that has data (or 0)."""
+def render(store: Store, run_id: str, attempt: int | None = None, step: int | None = None,
+           sample: str | None = None) -> str:
+    """The whole page as a string. ``attempt`` None: the latest attempt that has data (or 0).
+    ``step``/``sample``: whose trajectories the page shows (default: see sinks.trajectories.select)."""
+    from sinks import trajectories  # it imports this module (esc)
+
     note = ""
     if attempt is None:
         found = latest_attempt(store, run_id)
@@ -322,13 +326,17 @@ def render(store: Store, run_id: str, attempt: int | None = None) -> str:
         ("Alerts", alerts_chart(store, run_id, attempt)),
     ]
     sections = "\n".join(f"<section><h2>{esc(h)}</h2>\n{svg}\n</section>" for h, svg in charts)
+    sections += "\n" + trajectories.render_section(store, run_id, attempt, step, sample)
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     return PAGE.format(title=esc(f"rlpulse report: run {run_id}, attempt {attempt}"), sections=sections,
+                       css=trajectories.CSS,
                        subtitle=esc(f"Read from {store.url} at {generated}. Times are UTC.{note}"))
 
 
-def write_report(store: Store, run_id: str, path: str | Path, attempt: int | None = None) -> Path:
+def write_report(store: Store, run_id: str, path: str | Path, attempt: int | None = None, step: int | None = None,
+                 sample: str | None = None) -> Path:
+    page = render(store, run_id, attempt, step, sample)  # before opening the file: a bad --step leaves none
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(store, run_id, attempt), encoding="utf-8")
+    out.write_text(page, encoding="utf-8")
     return out

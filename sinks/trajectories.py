@@ -1,0 +1,392 @@
+"""The trajectories of one sample at one step, as in the seeds' console pages (seed 000).
+
+A trajectory is one ROLLOUT span with its reward and status, plus the span tree rebuilt from
+``spans``: every span of the same run and attempt sharing its ``rollout_id`` (or, for a span
+without one, its ``trace_id``), children under ``parent_span_id``, siblings in start-time
+order. Nothing read is dropped silently: a span whose parent is missing (never sent, refused,
+or in another trace) is shown at the root and marked; a parent cycle is broken the same way;
+past the per-trajectory cap the page says how many spans it did not show.
+
+``render_section`` returns the page's "Trajectories" section (native ``<details>``: no script);
+every text from the store goes through ``esc``. Reads use FINAL and keep one row per span_id,
+so a replayed offset range or a span exported twice shows once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from sinks.clickhouse import Store
+from sinks.html_report import esc  # one escaping function for the whole page
+
+SPAN_CAP = 500  # spans drawn per trajectory; more would make a page nobody can scroll
+FETCH_FACTOR = 4  # rows read per trajectory: enough past the cap to link the shown spans' parents
+TRAJECTORY_CAP = 100  # trajectories drawn per sample (GRPO groups are 4 to 64)
+SAMPLE_LIST_CAP = 50  # other samples of the step listed by name
+OPEN_DEPTH = 3  # tree levels open when the page loads; deeper ones are a click away
+NO_SAMPLE = "no sample id"
+
+# The sample a rollout answered: the Span field, or an OpenTelemetry attribute for spans made
+# through producers.otel (it fills the typed fields it knows, and keeps every attribute).
+SAMPLE_SQL = "if(ifNull(sample_id, '') != '', sample_id, nullIf(attributes['rlpulse.sample_id'], ''))"
+LLM_MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "model")
+LLM_IN_KEYS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt",
+               "llm.usage.prompt_tokens", "input_tokens", "prompt_tokens")
+LLM_OUT_KEYS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion",
+                "llm.usage.completion_tokens", "output_tokens", "completion_tokens")
+TOOL_KEYS = ("gen_ai.tool.name", "tool.name", "tool")
+ATTRIBUTE_ROWS_CAP, ATTRIBUTE_VALUE_CAP = 50, 300
+
+
+@dataclass
+class SpanRow:
+    span_id: str
+    parent_span_id: str | None
+    name: str
+    kind: str
+    start_ns: int
+    end_ns: int
+    status: str = "UNSET"
+    status_message: str = ""
+    sequence_id: int = 0
+    attributes: dict[str, str] = field(default_factory=dict)
+    typed: dict[str, Any] = field(default_factory=dict)  # term, outcome, score, reward, ... (non-null only)
+    children: list["SpanRow"] = field(default_factory=list)
+    orphan: bool = False  # names a parent that is not among the trajectory's spans (or a cycle)
+
+
+@dataclass
+class Tree:
+    roots: list[SpanRow]
+    shown: int  # spans kept in the tree (at most the cap)
+    not_shown: int  # spans read or counted but past the cap
+    orphans: int
+
+
+def _order(span: SpanRow) -> tuple:
+    return (span.start_ns, span.sequence_id, span.span_id)
+
+
+def build_tree(spans: Iterable[SpanRow], cap: int = SPAN_CAP, total: int | None = None) -> Tree:
+    """Link spans by parent_span_id; orphans and cycle members at the root; keep the first
+    ``cap`` spans in depth-first order (a kept span's parent is always kept).
+
+    ``total``: how many spans the trajectory has in all, when only some were read.
+    """
+    by_id: dict[str, SpanRow] = {}
+    for s in spans:
+        s.children, s.orphan = [], False
+        by_id.setdefault(s.span_id, s)  # one row per span id (the caller dedups; this is a guard)
+    items = sorted(by_id.values(), key=_order)
+    roots: list[SpanRow] = []
+    for s in items:
+        parent = by_id.get(s.parent_span_id) if s.parent_span_id else None
+        if parent is None or parent is s:
+            s.orphan = bool(s.parent_span_id)
+            roots.append(s)
+        else:
+            parent.children.append(s)
+    # A parent cycle (a -> b -> a) is reachable from no root: cut it at one of its spans, shown at the root.
+    reached = _walk(roots, len(items))
+    for s in items:
+        if s.span_id not in reached:
+            loop, x = set(), s
+            while x.span_id not in loop:  # up the parents until one repeats: that one is on the cycle
+                loop.add(x.span_id)
+                x = by_id[x.parent_span_id]  # type: ignore[index]
+            x.orphan = True
+            by_id[x.parent_span_id].children.remove(x)  # type: ignore[index]
+            roots.append(x)
+            reached |= _walk([x], len(items))
+    roots.sort(key=_order)
+    kept = _walk(roots, cap)
+    for s in items:
+        s.children = [c for c in s.children if c.span_id in kept]
+    total = max(total if total is not None else 0, len(items))
+    return Tree(roots=[r for r in roots if r.span_id in kept], shown=len(kept), not_shown=total - len(kept),
+                orphans=sum(1 for s in items if s.orphan and s.span_id in kept))
+
+
+def _walk(roots: Sequence[SpanRow], limit: int) -> set[str]:
+    """Span ids in depth-first pre-order from roots, the first ``limit`` of them (no recursion)."""
+    seen: set[str] = set()
+    stack = list(reversed(roots))
+    while stack and len(seen) < limit:
+        s = stack.pop()
+        if s.span_id in seen:
+            continue
+        seen.add(s.span_id)
+        stack.extend(reversed(s.children))
+    return seen
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+@dataclass
+class Trajectory:
+    key: str
+    rollout: SpanRow
+    tree: Tree
+
+
+@dataclass
+class Selection:
+    step: int | None
+    sample: str | None  # None: the rollouts without a sample id
+    samples: list[tuple[str | None, int]]  # every sample of the step with its rollout count
+    note: str  # how the step and sample were chosen
+    trajectories: list[Trajectory]
+    more_trajectories: int = 0
+
+
+def _rows(store: Store, sql: str, **params: Any) -> list[tuple]:
+    return store.client.query(sql.replace("{db}", store.database), parameters=params).result_rows
+
+
+def _where(run: str, attempt: int) -> tuple[str, dict[str, Any]]:
+    return "run_id = {run:String} AND attempt = {attempt:UInt32}", {"run": run, "attempt": attempt}
+
+
+def _n(count: int, one: str, many: str = "") -> str:
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
+def _label(sample: str | None) -> str:
+    return NO_SAMPLE if sample is None else sample
+
+
+def select(store: Store, run: str, attempt: int, step: int | None = None, sample: str | None = None,
+           cap: int = SPAN_CAP) -> Selection:
+    """The trajectories of (step, sample); defaults: the latest step with rollouts, its first
+    sample by id. Raises ValueError for a step or sample that has no rollouts."""
+    where, p = _where(run, attempt)
+    notes = []
+    if step is None:
+        found = _rows(store, f"SELECT max(step), count() FROM {{db}}.spans FINAL WHERE {where} "
+                             "AND kind = 'ROLLOUT' AND step IS NOT NULL", **p)
+        if not found or not found[0][1]:
+            if sample is not None:
+                raise ValueError(f"run {run} attempt {attempt} has no rollouts, so no sample {sample}")
+            return Selection(None, None, [], f"Run {run}, attempt {attempt} has no rollouts.", [])
+        step = int(found[0][0])
+        notes.append(f"step {step} (the latest step with rollouts; choose another with --step N)")
+    samples = [(s, int(n)) for s, n in _rows(
+        store, f"SELECT {SAMPLE_SQL} AS s, uniqExact(span_id) FROM {{db}}.spans FINAL WHERE {where} "
+               "AND kind = 'ROLLOUT' AND step = {step:Int64} GROUP BY s ORDER BY s IS NULL, s", step=step, **p)]
+    if not samples:
+        span = _rows(store, f"SELECT min(step), max(step), uniqExact(step) FROM {{db}}.spans FINAL WHERE {where} "
+                            "AND kind = 'ROLLOUT' AND step IS NOT NULL", **p)[0]
+        has = f"its {span[2]} steps with rollouts run from {span[0]} to {span[1]}" if span[2] else "it has no rollouts"
+        raise ValueError(f"run {run} attempt {attempt} has no rollouts at step {step}; {has}")
+    names = [s for s, _ in samples]
+    if sample is None:
+        sample = names[0]
+        notes.append(f"sample {_label(sample)} (the first by id of the step's {_n(len(names), 'sample')}; "
+                     "choose another with --sample ID)")
+    elif sample not in names:
+        listed = ", ".join(_label(s) for s in names[:SAMPLE_LIST_CAP])
+        raise ValueError(f"step {step} of run {run} attempt {attempt} has no rollouts of sample {sample}; "
+                         f"its samples: {listed}{' …' if len(names) > SAMPLE_LIST_CAP else ''}")
+    trajectories, more = _trajectories(store, run, attempt, step, sample, cap)
+    note = f"Showing {'; '.join(notes)}." if notes else f"Step {step}, sample {_label(sample)}."
+    return Selection(step, sample, samples, note, trajectories, more)
+
+
+_SPAN_COLUMNS = ("span_id, parent_span_id, name, kind, start_time_ns, end_time_ns, status, status_message, "
+                 "sequence_id, attributes, term, outcome, score, judge_input_tokens, judge_output_tokens, reward, "
+                 "completion_tokens, max_tokens, clipped")
+_TYPED = ("term", "outcome", "score", "judge_input_tokens", "judge_output_tokens", "reward", "completion_tokens",
+          "max_tokens", "clipped")
+
+
+def _span(row: Sequence[Any]) -> SpanRow:
+    typed = {k: v for k, v in zip(_TYPED, row[10:19]) if v is not None}
+    return SpanRow(span_id=row[0], parent_span_id=row[1] or None, name=row[2], kind=row[3], start_ns=int(row[4]),
+                   end_ns=int(row[5]), status=row[6] or "UNSET", status_message=row[7] or "", sequence_id=int(row[8]),
+                   attributes=dict(row[9] or {}), typed=typed)
+
+
+def _trajectories(store: Store, run: str, attempt: int, step: int, sample: str | None,
+                  cap: int) -> tuple[list[Trajectory], int]:
+    where, p = _where(run, attempt)
+    match = f"{SAMPLE_SQL} IS NULL" if sample is None else f"{SAMPLE_SQL} = {{sample:String}}"
+    rows = _rows(store, f"""SELECT rollout_id, trace_id, {_SPAN_COLUMNS} FROM {{db}}.spans FINAL
+        WHERE {where} AND kind = 'ROLLOUT' AND step = {{step:Int64}} AND {match}
+        ORDER BY span_id, sequence_id LIMIT 1 BY span_id""", step=step, sample=sample or "", **p)
+    rollouts = sorted(((r[0] or f"trace {r[1]}", r[1], _span(r[2:])) for r in rows), key=lambda t: (t[0], t[2].span_id))
+    more = max(0, len(rollouts) - TRAJECTORY_CAP)
+    rollouts = rollouts[:TRAJECTORY_CAP]
+    if not rollouts:
+        return [], 0
+    # Each span joins the trajectory of its rollout_id, else of its trace (children made without one).
+    ids = [k for k, _, _ in rollouts if not k.startswith("trace ")]
+    traces = [t for _, t, _ in rollouts]
+    keys = [k for k, _, _ in rollouts]
+    spans = _rows(store, f"""
+        SELECT traj, count() OVER (PARTITION BY traj) AS total, {_SPAN_COLUMNS} FROM (
+            SELECT if(rollout_id != '' AND has({{ids:Array(String)}}, rollout_id), rollout_id,
+                      {{keys:Array(String)}}[indexOf({{traces:Array(String)}}, trace_id)]) AS traj, *
+            FROM {{db}}.spans FINAL
+            WHERE {where} AND (has({{ids:Array(String)}}, rollout_id) OR has({{traces:Array(String)}}, trace_id))
+              AND (step IS NULL OR step = {{step:Int64}})
+            ORDER BY span_id, sequence_id LIMIT 1 BY span_id)
+        WHERE traj != ''
+        ORDER BY traj, start_time_ns, sequence_id, span_id LIMIT {{fetch:UInt64}} BY traj""",
+                  ids=ids, keys=keys, traces=traces, step=step, fetch=cap * FETCH_FACTOR, **p)
+    grouped: dict[str, list[SpanRow]] = {}
+    totals: dict[str, int] = {}
+    for row in spans:
+        grouped.setdefault(row[0], []).append(_span(row[2:]))
+        totals[row[0]] = int(row[1])
+    out = []
+    for key, _, rollout in rollouts:
+        members = grouped.get(key, [])
+        if all(s.span_id != rollout.span_id for s in members):
+            members.append(rollout)  # its own span was read above even if past the fetch limit
+        out.append(Trajectory(key, rollout, build_tree(members, cap, totals.get(key))))
+    return out, more
+
+
+# -- drawing ---------------------------------------------------------------------------------
+
+def duration(ns: int) -> str:
+    if ns < 0:
+        return "ends before it starts"
+    ms = ns / 1e6
+    return f"{ms:.1f} ms" if round(ms, 1) < 1000 else f"{ms / 1000:.2f} s"
+
+
+def _first(attrs: dict[str, str], keys: Sequence[str]) -> str | None:
+    return next((attrs[k] for k in keys if attrs.get(k, "") != ""), None)
+
+
+def key_attributes(span: SpanRow) -> list[str]:
+    """What a reader looks for first in a span of this kind."""
+    t, a, out = span.typed, span.attributes, []
+    if span.kind == "GRADER" or "term" in t:
+        out += [f"term {t['term']}"] if "term" in t else []
+        out += [f"outcome {t['outcome']}"] if "outcome" in t else []
+        out += [f"score {t['score']:g}"] if "score" in t else []
+        if "judge_input_tokens" in t or "judge_output_tokens" in t:
+            out.append(f"judge tokens {t.get('judge_input_tokens', '?')} in / {t.get('judge_output_tokens', '?')} out")
+    if span.kind == "LLM":
+        model, tin, tout = _first(a, LLM_MODEL_KEYS), _first(a, LLM_IN_KEYS), _first(a, LLM_OUT_KEYS)
+        out += [f"model {model}"] if model else []
+        if tin or tout:
+            out.append(f"tokens {tin or '?'} in / {tout or '?'} out")
+    if span.kind == "TOOL":
+        tool = _first(a, TOOL_KEYS)
+        out += [f"tool {tool}"] if tool else []
+    if "reward" in t:
+        out.append(f"reward {t['reward']:g}")
+    if "completion_tokens" in t:
+        out.append(f"completion tokens {t['completion_tokens']}"
+                   + (f" / {t['max_tokens']}" if "max_tokens" in t else ""))
+    if t.get("clipped"):
+        out.append("clipped")
+    if span.status_message:
+        out.append(f"message {span.status_message}")
+    return out
+
+
+def _line(span: SpanRow) -> str:
+    keys = " · ".join(key_attributes(span))
+    orphan = (f' <span class="orphan">parent {esc(span.parent_span_id)} not found</span>'
+              if span.orphan else "")
+    return (f'<span class="kind">{esc(span.kind)}</span> <span class="name">{esc(span.name)}</span> '
+            f'<span class="dur">{esc(duration(span.end_ns - span.start_ns))}</span> '
+            f'<span class="status status-{esc(span.status)}">{esc(span.status)}</span>'
+            + (f' <span class="keys">{esc(keys)}</span>' if keys else "") + orphan)
+
+
+def _attribute_table(span: SpanRow) -> str:
+    items = sorted(span.attributes.items())
+    if not items:
+        return ""
+    rows = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v[:ATTRIBUTE_VALUE_CAP])}"
+                   f"{'…' if len(v) > ATTRIBUTE_VALUE_CAP else ''}</td></tr>" for k, v in items[:ATTRIBUTE_ROWS_CAP])
+    more = f"<tr><td colspan=2>{len(items) - ATTRIBUTE_ROWS_CAP} more</td></tr>" if len(items) > ATTRIBUTE_ROWS_CAP else ""
+    return f'<table class="attributes">{rows}{more}</table>'
+
+
+def tree_html(roots: Sequence[SpanRow]) -> str:
+    """Nested <details class="span"> (a span with children or attributes) or <div class="span leaf">;
+    iterative, so a deep chain cannot hit Python's recursion limit."""
+    parts: list[str] = []
+    stack: list[tuple[SpanRow, int] | str] = [(r, 0) for r in reversed(roots)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            parts.append(item)
+            continue
+        span, depth = item
+        data = (f'data-kind="{esc(span.kind)}" data-span-id="{esc(span.span_id)}" data-status="{esc(span.status)}"'
+                + (' data-orphan="true"' if span.orphan else ""))
+        table = _attribute_table(span)
+        if not span.children and not table:
+            parts.append(f'<div class="span leaf" {data}>{_line(span)}</div>')
+            continue
+        parts.append(f'<details class="span" {data}{" open" if depth < OPEN_DEPTH else ""}>'
+                     f"<summary>{_line(span)}</summary>{table}")
+        stack.append("</details>")
+        stack.extend((c, depth + 1) for c in reversed(span.children))
+    return "".join(parts)
+
+
+def _status(rollout: SpanRow) -> str:
+    return rollout.status + (", clipped" if rollout.typed.get("clipped") else "")
+
+
+def _reward(rollout: SpanRow) -> str:
+    return f"{rollout.typed['reward']:g}" if "reward" in rollout.typed else "none"
+
+
+def render_section(store: Store, run: str, attempt: int, step: int | None = None, sample: str | None = None,
+                   cap: int = SPAN_CAP) -> str:
+    """The "Trajectories" <section> of the report page."""
+    sel = select(store, run, attempt, step, sample, cap)
+    head = f'<section id="trajectories"><h2>Trajectories</h2><p class="choice">{esc(sel.note)}</p>'
+    if sel.step is None:
+        return head + "</section>"
+    others = [f"{_label(s)} ({n})" for s, n in sel.samples if s != sel.sample]
+    listed = ", ".join(others[:SAMPLE_LIST_CAP]) + (f", and {len(others) - SAMPLE_LIST_CAP} more"
+                                                     if len(others) > SAMPLE_LIST_CAP else "")
+    other = (f'<p class="other-samples">Other samples of step {sel.step} (rollouts): {esc(listed)}</p>'
+             if others else "")
+    rows = "".join(
+        f'<tr class="trajectory-row" data-rollout="{esc(t.key)}"><td>{esc(t.key)}</td><td class="reward">'
+        f'{esc(_reward(t.rollout))}</td><td class="status">{esc(_status(t.rollout))}</td>'
+        f'<td>{esc(t.rollout.typed.get("completion_tokens", ""))}</td><td>{t.tree.shown + t.tree.not_shown}</td></tr>'
+        for t in sel.trajectories)
+    table = ('<table class="trajectories"><tr><th>rollout</th><th>reward</th><th>status</th>'
+             f"<th>completion tokens</th><th>spans</th></tr>{rows}</table>")
+    blocks = []
+    for t in sel.trajectories:
+        notes = []
+        if t.tree.orphans:
+            notes.append(f"{t.tree.orphans} span(s) whose parent is missing are shown at the root")
+        if t.tree.not_shown:
+            notes.append(f"{t.tree.not_shown} more not shown (the first {t.tree.shown} in tree order are)")
+        note = "".join(f'<p class="tree-note">{esc(n)}</p>' for n in notes)
+        summary = (f"rollout {t.key} · reward {_reward(t.rollout)} · {_status(t.rollout)}"
+                   + (f" · {t.rollout.typed['completion_tokens']} completion tokens"
+                      if "completion_tokens" in t.rollout.typed else ""))
+        blocks.append(f'<details class="trajectory" data-rollout="{esc(t.key)}" open><summary>{esc(summary)}'
+                      f"</summary>{note}{tree_html(t.tree.roots)}</details>")
+    more = (f'<p class="tree-note">{sel.more_trajectories} more trajectories of this sample not shown</p>'
+            if sel.more_trajectories else "")
+    title = f"<h3>Step {sel.step}, sample {esc(_label(sel.sample))}: {_n(len(sel.trajectories), 'trajectory', 'trajectories')}</h3>"
+    return head + other + title + table + more + "".join(blocks) + "</section>"
+
+
+CSS = """
+details.span, div.span { margin-left: 18px; font-size: 13px; line-height: 1.6; }
+details.trajectory { border-top: 1px solid #eee; padding: 4px 0; }
+details.trajectory > summary { font-weight: bold; }
+.kind { display: inline-block; min-width: 64px; font-family: monospace; color: #555; }
+.dur { color: #1f77b4; } .keys { color: #666; } .orphan { color: #d62728; font-style: italic; }
+.status-ERROR { color: #d62728; font-weight: bold; } .status-OK { color: #2ca02c; }
+table.trajectories td, table.trajectories th { padding: 2px 10px; text-align: left; }
+table.attributes { margin-left: 36px; font-size: 12px; color: #555; }
+"""
