@@ -216,6 +216,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
     interval = parse_duration(args.interval)
     if interval <= 0:
         raise ValueError(f"--interval must be above 0, got {args.interval}")
+    if not args.verbose:  # the driver's retry warnings would scroll through the live view
+        for name in ("urllib3", "clickhouse_connect"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     settings = _settings(args)
     return watch(settings.clickhouse_dsn, lambda dsn: open_reader(dsn, owner="rlpulse watch"), interval,
                  project=args.project, show_all=args.all, once=args.once)

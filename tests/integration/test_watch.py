@@ -1,0 +1,221 @@
+"""``rlpulse watch``: the snapshot's figures from known rows in a chDB store, the rendered frame,
+the command's one-frame and error paths, and the live view in tmux against a simulated pipeline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from rlpulse.settings import Settings
+from sinks.clickhouse import migrate, open_store
+from sinks.watch import WatchSnapshot, render, snapshot
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+NS = 1_000_000_000
+NOW = (time.time_ns() // NS) * NS
+
+
+def _insert(client, table: str, rows: list[dict]) -> None:
+    columns = list(rows[0])
+    client.insert(f"rlpulse.{table}", [[r[c] for c in columns] for r in rows], column_names=columns)
+
+
+def _step(project: str, run_id: str, attempt: int, ago_s: float, type_: str, step: int, count: int) -> dict:
+    return {"project": project, "run_id": run_id, "attempt": attempt, "stage": "train", "time_ns": NOW - int(ago_s * NS),
+            "type": type_, "trainer": "rl", "step": step, "step_count": count, "tokens": 0, "duration_s": 0.0,
+            "throughput": 0.0, "mfu": None, "dropped_events": 0, "writer_id": "w1", "sequence_id": int(1e6 - ago_s)}
+
+
+def _alert(rule: str, key: str, state: str, ago_s: float, run: tuple[str, str, int] = ("", "", 0),
+           first_ago_s: float | None = None) -> dict:
+    t = NOW - int(ago_s * NS)
+    return {"rule": rule, "state": state, "key": key, "severity": "warning", "summary": f"{rule} on {key}",
+            "value": 1.0, "threshold": 0.5, "project": run[0], "run_id": run[1], "attempt": run[2], "time_ns": t,
+            "first_seen_ns": NOW - int((first_ago_s if first_ago_s is not None else ago_s) * NS), "last_seen_ns": t}
+
+
+def _stats(run_id: str, attempt: int, step: int, reward: float, clipped: int, emitted_ago_s: float) -> dict:
+    return {"project": "p", "run_id": run_id, "attempt": attempt, "step": step, "rollouts": 16, "clipped": clipped,
+            "clipped_ratio": clipped / 16, "reward_mean": reward, "reward_std": 0.1, "reward_min": 0.0,
+            "reward_max": 1.0, "reward_zero_fraction": 0.0, "completion_mean": 100.0, "completion_min": 1,
+            "completion_max": 200, "samples": 4, "samples_same_reward": 0, "sample_reward_spread_mean": 0.2,
+            "complete": True, "emitted_at_ns": NOW - int(emitted_ago_s * NS)}
+
+
+def _window(term: str, start_ago_s: float, failures: int, graded: int, emitted_ago_s: float) -> dict:
+    start = NOW - int(start_ago_s * NS)
+    return {"project": "p", "run_id": "alpha", "attempt": 2, "term": term, "window_start_ns": start,
+            "window_end_ns": start + 60 * NS, "graded": graded, "failures": failures, "failure_rate": failures / graded,
+            "duration_p50_s": 1.0, "duration_p90_s": 1.0, "duration_p99_s": 1.0, "duration_max_s": 1.0,
+            "emitted_at_ns": NOW - int(emitted_ago_s * NS)}
+
+
+def _gpu(hw_id: str, ago_s: float, util: float, power: float) -> dict:
+    return {"project": "p", "run_id": "", "attempt": 0, "time_ns": NOW - int(ago_s * NS), "hw_id": hw_id, "index": 0,
+            "host": "h1", "node": "n1", "pod": "", "rank": 0, "role": "trainer", "power_w": power,
+            "temperature_c": 60.0, "gpu_utilization": util, "memory_used_bytes": 1, "memory_total_bytes": 2,
+            "memory_utilization": 0.5, "memory_activity": 0.1, "sm_clock_mhz": 1400.0, "throttle_reasons": 0,
+            "xid_errors": 0, "xid_last": None}
+
+
+def seed(url: str) -> None:
+    """Known rows, times relative to NOW (see each run's comment for its expected line)."""
+    with open_store(url, owner="test") as store:
+        migrate(store)
+        c = store.client
+        steps = []
+        # alpha attempt 1: an older attempt, recent but superseded by attempt 2
+        steps += [_step("p", "alpha", 1, 590, "RUN_START", 0, 0), _step("p", "alpha", 1, 580, "STEP", 0, 1)]
+        # alpha attempt 2, RUNNING: a step every 30 s from 480 s ago (steps 0..14, count 15 at 30 s ago), a
+        # heartbeat 10 s ago. Rate window: the 300 s before the last report (10 s ago); at 310 s ago the
+        # count was 5, so 10 steps in 5 min = 2.0 a minute.
+        steps.append(_step("p", "alpha", 2, 480, "RUN_START", 0, 0))
+        steps += [_step("p", "alpha", 2, 480 - 30 * (k + 1), "STEP", k, k + 1) for k in range(15)]
+        steps.append(_step("p", "alpha", 2, 180, "STEP", 9, 10))  # a replayed event: changes nothing
+        steps.append(_step("p", "alpha", 2, 10, "HEARTBEAT", 14, 15))
+        # beta, STALLED: started 125 s ago, one step, heartbeats to 5 s ago: 1 step in 2 min = 0.5 a minute
+        steps += [_step("p", "beta", 1, 125, "RUN_START", 0, 0), _step("p", "beta", 1, 100, "STEP", 0, 1),
+                  _step("p", "beta", 1, 60, "HEARTBEAT", 0, 1), _step("p", "beta", 1, 5, "HEARTBEAT", 0, 1)]
+        # gamma, SILENT (its stall alert is open too: SILENT wins): last report 20 min ago, shown because of the
+        # open alert; 3 steps in the 5 min before its last report = 0.6 a minute
+        steps += [_step("p", "gamma", 1, 1500, "RUN_START", 0, 0)]
+        steps += [_step("p", "gamma", 1, 1400 - 100 * k, "STEP", k, k + 1) for k in range(3)]
+        # delta, ENDED: 2 steps from 300 s to its RUN_END 180 s ago = 1.0 a minute
+        steps += [_step("p", "delta", 1, 300, "RUN_START", 0, 0), _step("p", "delta", 1, 260, "STEP", 0, 1),
+                  _step("p", "delta", 1, 200, "STEP", 1, 2), _step("p", "delta", 1, 180, "RUN_END", 1, 2)]
+        # old: ended two hours ago, not active; other: another project, running
+        steps += [_step("p", "old", 1, 7300, "RUN_START", 0, 0), _step("p", "old", 1, 7200, "RUN_END", 0, 0)]
+        steps += [_step("q", "other", 1, 60, "RUN_START", 0, 0), _step("q", "other", 1, 30, "STEP", 0, 1)]
+        _insert(c, "steps", steps)
+        _insert(c, "step_stats", [
+            _stats("alpha", 2, 13, 0.5, 2, 40),
+            _stats("alpha", 2, 14, 0.1, 8, 30),  # an earlier emission of step 14: the later one wins
+            _stats("alpha", 2, 14, 0.625, 4, 20),
+            _stats("alpha", 1, 20, 0.99, 16, 20),  # the old attempt's
+        ])
+        _insert(c, "grader_windows", [
+            _window("judge", 480, 20, 20, 400),  # ended 420 s ago: before the rate window, not counted
+            _window("judge", 360, 3, 20, 290),
+            _window("format", 360, 1, 20, 290),
+            _window("judge", 120, 10, 20, 55),  # re-emitted later with 4 failures
+            _window("judge", 120, 4, 20, 50),
+            _window("format", 120, 0, 20, 50),
+        ])  # counted: (3 + 1 + 4 + 0) / 80 = 10.0%
+        place = {"project": "p", "run_id": "alpha", "attempt": 2, "stage": "train", "role": "trainer", "rank": 0,
+                 "pod": "", "node": "n1", "host": "h1", "index": 0, "hw_id": "GPU-a1"}
+        _insert(c, "placements", [{**place, "time_ns": NOW - 100 * NS}, {**place, "time_ns": NOW - 30 * NS},
+                                  {**place, "run_id": "old", "attempt": 1, "hw_id": "GPU-z9", "time_ns": NOW - 7300 * NS}])
+        _insert(c, "gpu_samples", [_gpu("GPU-a1", 200, 0.1, 100.0),  # before the placement: not the run's
+                                   _gpu("GPU-a1", 90, 0.5, 250.0), _gpu("GPU-a1", 20, 0.9, 312.4)])
+        _insert(c, "alerts", [
+            _alert("grader_failure_rate", "p/alpha/2/judge", "FIRING", 60, ("p", "alpha", 2)),
+            _alert("clipped_ratio_rising", "p/alpha/2", "FIRING", 200, ("p", "alpha", 2)),
+            _alert("clipped_ratio_rising", "p/alpha/2", "RESOLVED", 100, ("p", "alpha", 2), first_ago_s=200),
+            _alert("xid", "GPU-a1", "FIRING", 15),
+            _alert("stalled_run", "p/beta/1", "FIRING", 50, ("p", "beta", 1)),
+            _alert("stalled_run", "p/gamma/1", "FIRING", 1300, ("p", "gamma", 1)),
+            _alert("silent_run", "p/gamma/1", "FIRING", 900, ("p", "gamma", 1)),
+        ])
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    url = f"chdb://{tmp_path / 'ch'}"
+    seed(url)
+    return url
+
+
+def _line(text: str, run: str) -> list[str]:
+    lines = [ln.split() for ln in text.splitlines() if ln.startswith(run + " ")]
+    assert len(lines) == 1, f"one line for {run} expected in:\n{text}"
+    return lines[0]
+
+
+def _frame(snap: WatchSnapshot, width: int = 160) -> str:
+    console = Console(record=True, width=width, file=open(os.devnull, "w"))
+    console.print(render(snap))
+    return console.export_text()
+
+
+def test_snapshot_figures(store_url: str) -> None:
+    with open_store(store_url, owner="test") as store:
+        snap = snapshot(store, NOW)
+    runs = {r.key: r for r in snap.runs}
+    assert [r.key for r in snap.runs] == ["p/gamma/1", "p/beta/1", "p/alpha/2", "q/other/1", "p/delta/1"]
+    alpha = runs["p/alpha/2"]
+    assert (alpha.state, alpha.step, alpha.step_count, alpha.steps_per_min) == ("RUNNING", 14, 15, 2.0)
+    assert (alpha.reward_mean, alpha.clipped_ratio, alpha.failure_rate, alpha.graded) == (0.625, 0.25, 0.1, 80)
+    assert [(g.hw_id, g.host, g.index, g.utilization, g.power_w, g.sample_ns) for g in alpha.gpus] == [
+        ("GPU-a1", "h1", 0, 0.9, 312.4, NOW - 20 * NS)]
+    assert sorted((a.rule, a.key) for a in alpha.alerts) == [("grader_failure_rate", "p/alpha/2/judge"), ("xid", "GPU-a1")]
+    beta = runs["p/beta/1"]
+    assert (beta.state, beta.step, beta.steps_per_min, beta.reward_mean, beta.failure_rate) == ("STALLED", 0, 0.5, None, None)
+    assert [a.rule for a in beta.alerts] == ["stalled_run"] and beta.gpus == []
+    gamma = runs["p/gamma/1"]
+    assert (gamma.state, gamma.step, gamma.steps_per_min) == ("SILENT", 2, 0.6)
+    assert sorted(a.rule for a in gamma.alerts) == ["silent_run", "stalled_run"]
+    delta = runs["p/delta/1"]
+    assert (delta.state, delta.step, delta.steps_per_min, delta.alerts) == ("ENDED", 1, 1.0, [])
+    assert runs["q/other/1"].state == "RUNNING"
+
+
+def test_snapshot_scope(store_url: str) -> None:
+    with open_store(store_url, owner="test") as store:
+        only_p = snapshot(store, NOW, project="p")
+        every = snapshot(store, NOW, show_all=True)
+        later = snapshot(store, NOW + 3 * 3600 * NS, project="q")
+    assert [r.key for r in only_p.runs] == ["p/gamma/1", "p/beta/1", "p/alpha/2", "p/delta/1"]
+    assert sorted(r.key for r in every.runs) == ["p/alpha/2", "p/beta/1", "p/delta/1", "p/gamma/1", "p/old/1", "q/other/1"]
+    assert later.runs == [] and later.any_runs
+    assert "no active runs in rlpulse in the last 10m00s; `rlpulse watch --all` shows every run" in _frame(later)
+
+
+def test_render_lines(store_url: str) -> None:
+    with open_store(store_url, owner="test") as store:
+        text = _frame(snapshot(store, NOW))
+    runs = text[:text.index("GPUs")]
+    assert _line(runs, "p/alpha") == ["p/alpha", "2", "RUNNING", "14", "2.0", "0.625", "25.0%", "10.0%", "1", "2", "10s"]
+    assert _line(runs, "p/beta") == ["p/beta", "1", "STALLED", "0", "0.5", "-", "-", "-", "0", "1", "5s"]
+    assert _line(runs, "p/gamma") == ["p/gamma", "1", "SILENT", "2", "0.6", "-", "-", "-", "0", "2", "20m00s"]
+    assert _line(runs, "p/delta") == ["p/delta", "1", "ENDED", "1", "1.0", "-", "-", "-", "0", "0", "3m00s"]
+    assert "5 runs (1 silent, 1 stalled, 2 running, 1 ended)" in text
+    gpus = text[text.index("GPUs"):text.index("Open alerts")]
+    assert _line(gpus, "p/alpha") == ["p/alpha", "GPU-a1", "h1", "#0", "90%", "312", "W", "20s", "ago"]
+    alerts = text[text.index("Open alerts"):].splitlines()
+    assert [ln.split()[:2] for ln in alerts[2:]] == [
+        ["stalled_run", "p/gamma/1"], ["silent_run", "p/gamma/1"], ["grader_failure_rate", "p/alpha/2/judge"],
+        ["stalled_run", "p/beta/1"], ["xid", "GPU-a1"]]
+    assert alerts[3].split() == ["silent_run", "p/gamma/1", "warning", "15m00s", "silent_run", "on", "p/gamma/1"]
+
+
+def test_render_empty_store() -> None:
+    empty = WatchSnapshot("chdb:///x", "rlpulse", NOW, [], any_runs=False)
+    assert "no runs yet in rlpulse — start a job or `rlpulse demo`" in _frame(empty)
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlpulse.cli", "watch", *args], env={**os.environ, **(env or {})},
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_once_and_errors(store_url: str, tmp_path: Path) -> None:
+    done = _cli("--once", "--project", "p", "--clickhouse-url", store_url, env={"COLUMNS": "160"})
+    assert done.returncode == 0, done.stderr
+    assert _line(done.stdout[:done.stdout.index("GPUs")], "p/alpha")[:4] == ["p/alpha", "2", "RUNNING", "14"]
+    assert "q/other" not in done.stdout
+    empty = _cli("--once", "--clickhouse-url", f"chdb://{tmp_path / 'empty'}", env={"COLUMNS": "160"})
+    assert empty.returncode == 0 and "no runs yet in rlpulse — start a job or `rlpulse demo`" in empty.stdout, empty
+    down = _cli("--once", "--clickhouse-url", "http://u:secret@127.0.0.1:9/rlpulse")
+    assert down.returncode == 1
+    assert down.stderr.strip().splitlines() == [
+        "rlpulse watch: cannot connect to ClickHouse at http://u:***@127.0.0.1:9/rlpulse: OperationalError"]
