@@ -41,13 +41,15 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
     from schemas.topics import ensure_topics
     from sinks.clickhouse import migrate, open_store
+    from sinks.read_endpoint import serve_reads
     from sinks.sink import serve
 
     settings = _settings(args)
     ensure_topics(settings)
     with open_store(settings.clickhouse_dsn, owner="rlpulse sink") as store:
         migrate(store, settings.ttl_raw_days, settings.ttl_aggregate_days)
-        asyncio.run(serve(settings, store, batch_rows=args.batch_rows, flush_interval=args.flush_interval))
+        with serve_reads(store, port=args.read_port):  # a chDB store: read-only queries on loopback meanwhile
+            asyncio.run(serve(settings, store, batch_rows=args.batch_rows, flush_interval=args.flush_interval))
     return 0
 
 
@@ -274,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sink", help="write the topics into ClickHouse")
     p.add_argument("--batch-rows", type=int, default=5000, help="insert when this many rows are buffered")
     p.add_argument("--flush-interval", type=float, default=1.0, help="seconds between checkpoints")
+    p.add_argument("--read-port", type=int, default=None, help="port of the read-only query endpoint on 127.0.0.1 "
+                   "(chDB store only; default RLPULSE_READ_PORT, else a free port, published in the store's 'endpoint' file)")
     _add_common(p)
     p.set_defaults(func=cmd_sink)
 

@@ -32,6 +32,7 @@ class Store:
     database: str
     url: str  # with any password masked; safe to print
     _lock_fd: int | None = None
+    endpoint: str | None = None  # the owner's read endpoint, when the chDB store is read through it
 
     def close(self) -> None:
         try:
@@ -101,10 +102,26 @@ def open_store(dsn: str, owner: str = "rlpulse", database: str | None = None) ->
 def open_reader(dsn: str, owner: str = "rlpulse") -> Store:
     """Open ``dsn`` for read-only work (query, report, watch).
 
-    Today this is :func:`open_store`; the read endpoint of the store's owner (issue 10) makes it
-    reach a chDB store that another process holds.
+    A chDB store held by a sink is reached through the sink's read endpoint
+    (``sinks.read_endpoint``): the Store's client is then a clickhouse-connect HTTP client on
+    loopback, and ``store.endpoint`` its URL. A free store is opened directly; one held by a
+    process that serves no reads (``rlpulse migrate``) raises StoreBusyError.
     """
-    return open_store(dsn, owner=owner)
+    try:
+        return open_store(dsn, owner=owner)
+    except StoreBusyError:
+        from sinks.read_endpoint import find_endpoint
+
+        url = find_endpoint(Path(urlsplit(dsn).path))
+        if url is None:
+            raise
+    parts = urlsplit(url)
+    try:
+        client = clickhouse_connect.get_client(host=parts.hostname, port=parts.port)
+    except Exception as exc:
+        raise StoreBusyError(f"the chDB store {urlsplit(dsn).path} is held by a sink whose read endpoint {url} does not "
+                             f"answer ({type(exc).__name__}); is the sink still running?") from None
+    return Store(client=client, database="rlpulse", url=dsn, endpoint=url)
 
 
 def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365, until: str | None = None) -> list[str]:

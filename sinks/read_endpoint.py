@@ -1,0 +1,470 @@
+"""Read-only queries on the sink's chDB store, over ClickHouse's own HTTP interface, on loopback.
+
+chDB lets one process open a store, so while ``rlpulse sink`` runs nothing else can read it. The
+sink therefore serves reads itself: a small HTTP server on 127.0.0.1 (an ephemeral port unless one
+is asked for) that speaks enough of ClickHouse's HTTP interface for ``curl``, clickhouse-connect
+and a dashboard's ClickHouse data source: ``/ping``, the query in the URL (``?query=``) or the
+body or a multipart form, ``database``, ``default_format`` (TabSeparated by default, as
+ClickHouse), ``param_<name>`` values for ``{name:Type}`` placeholders (parsed by ClickHouse as their
+declared types), settings as URL parameters, gzip/deflate response compression, and errors as
+ClickHouse sends them (``X-ClickHouse-Exception-Code``, a ``Code: N. DB::Exception: ...`` body).
+
+Each request runs on a chDB connection of its own, opened on the engine the sink already hosts
+(cheap: ~0.1 ms), so a query never shares session state with the sink's inserts; it is closed
+after the request. On it, before the query:
+
+* the request's settings (the resource limits clamped to :class:`ReadLimits`; settings that name
+  files, paths, URLs or schemas refused), then the limits, then ``readonly = 1``: the engine itself
+  refuses INSERT, DDL, ``SET``, ``SETTINGS`` clauses and table functions that reach outside
+  (``file``, ``url``, ``s3``, ``remote``, ``executable`` ...) with its READONLY error (code 164);
+* a check of the statement with ClickHouse's own parser, for what readonly=1 lets through in chDB
+  (the client-side parts of clickhouse-local run in-process here): ``formatQuery`` proves it is
+  one statement (chDB would otherwise run every statement of ``a; b``), and ``EXPLAIN AST`` that
+  it is a SELECT/WITH, SHOW, DESCRIBE, EXISTS or EXPLAIN, without ``INTO OUTFILE`` and without the
+  ``file()`` function (which reads any file in chDB) or chDB's ``python()`` table. ``KILL QUERY``
+  is refused there too (readonly=1 allows it, and it would cancel the sink's inserts).
+
+chDB releases the GIL while a query runs, and the server runs in its own threads, so the sink's
+event loop and inserts go on meanwhile. What a query can take from ingestion is bounded by
+:class:`ReadLimits`: ``max_execution_time`` per query, ``max_threads`` (one core of two), memory and
+result size, and at most ``max_concurrent`` queries at once (others wait their turn, then get 503).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from email.parser import BytesParser
+from email.policy import HTTP
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+from urllib.parse import parse_qsl, urlsplit
+
+log = logging.getLogger(__name__)
+
+ENDPOINT_FILE = "endpoint"  # in the store directory: {"url": ..., "pid": ...}, 0600, removed at exit
+HOST = "127.0.0.1"
+MAX_BODY = 16 * 1024 * 1024  # a query, not data: nothing is inserted here
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# URL parameters that steer the HTTP exchange rather than the query (accepted, not applied).
+_TRANSPORT = frozenset({
+    "query", "database", "default_format", "session_id", "session_timeout", "session_check", "query_id", "user",
+    "password", "quota_key", "buffer_size", "wait_end_of_query", "client_protocol_version", "enable_http_compression",
+    "http_zlib_compression_level", "send_progress_in_http_headers", "http_headers_progress_interval_ms",
+    "cancel_http_readonly_queries_on_client_close", "role", "stacktrace", "add_http_cors_header", "compress",
+    "decompress", "http_native_compression_disable_checksumming_on_decompress",
+})
+# Settings a request may not change even before readonly: they name files, paths, URLs, schemas or
+# code, or switch on functions that reach outside the store.
+_DENIED_SETTING = re.compile(r"path|file|schema|url|uri|dir|python|endpoint|outfile|profile|introspection|eval|"
+                             r"^ai_|function|http|s3|azure|hdfs|executable|dictionar|library", re.IGNORECASE)
+# Statement kinds (the first word of EXPLAIN AST's top node) that only read.
+_READ_KINDS = ("SelectWithUnionQuery", "SelectIntersectExceptQuery", "DescribeQuery", "Explain")
+_READ_PREFIXES = ("Show", "SHOW ", "Exists")
+# Nodes whose direct Literal child can only be an INTO OUTFILE target (or its compression).
+_OUTPUT_NODES = _READ_KINDS + _READ_PREFIXES
+_DENIED_FUNCTION = re.compile(r"^\s*Function (file|python|arrowstream)\b", re.IGNORECASE | re.MULTILINE)
+
+# ClickHouse's exceptionCodeToHTTPStatus, for the codes a read can meet.
+_STATUS = {**{c: 400 for c in (6, 27, 36, 38, 41, 53, 62, 69, 72, 167, 168, 457, 456)},
+           **{c: 404 for c in (46, 47, 60, 63, 73, 81, 115, 170)},
+           497: 403, 516: 403, 48: 501, 159: 408, 202: 503}
+_CONTENT_TYPES = (("TabSeparated", "text/tab-separated-values; charset=UTF-8"), ("TSV", "text/tab-separated-values; charset=UTF-8"),
+                  ("CSV", "text/csv; charset=UTF-8"), ("JSONEachRow", "application/x-ndjson; charset=UTF-8"),
+                  ("JSONLines", "application/x-ndjson; charset=UTF-8"), ("NDJSON", "application/x-ndjson; charset=UTF-8"),
+                  ("JSON", "application/json; charset=UTF-8"), ("Pretty", "text/plain; charset=UTF-8"),
+                  ("Vertical", "text/plain; charset=UTF-8"), ("Markdown", "text/markdown; charset=UTF-8"))
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What one read may take from the sink's process. A request may ask for less, never more."""
+
+    max_execution_time: int = 10  # seconds; the bound on how long one read competes with ingestion
+    max_threads: int = 1  # one core: the sink's inserts keep the other
+    max_memory_usage: int = 1 << 30
+    max_result_rows: int = 10_000_000
+    max_result_bytes: int = 256 << 20  # the answer is held in memory before it is sent
+    max_concurrent: int = 2  # queries running at once; more wait up to max_execution_time, then 503
+
+    def clamped(self) -> dict[str, int]:
+        return {"max_execution_time": self.max_execution_time, "max_threads": self.max_threads,
+                "max_final_threads": self.max_threads, "max_memory_usage": self.max_memory_usage,
+                "max_result_rows": self.max_result_rows, "max_result_bytes": self.max_result_bytes}
+
+
+class QueryFailed(Exception):
+    """A ClickHouse error to send back: its code and its ``Code: N. DB::Exception: ...`` text."""
+
+    def __init__(self, code: int, text: str):
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+    @classmethod
+    def from_engine(cls, exc: BaseException) -> "QueryFailed":
+        text = str(exc).strip()
+        text = text[text.find("Code: "):] if "Code: " in text else text
+        m = re.match(r"Code: (\d+)\. DB::Exception: ", text)
+        if m is None:
+            return cls(1001, f"Code: 1001. DB::Exception: {text} (STD_EXCEPTION)")
+        # A refused SETTINGS clause comes wrapped twice; the formatQuery check adds its own scope.
+        text = text.replace(m.group(0) * 2, m.group(0))
+        text = re.sub(r":? In scope SELECT formatQuery\(.*?\)\. \((\w+)\)", r". (\1)", text, flags=re.S)
+        text = re.sub(r" \(version [^)]*\)", "", text)
+        text = re.sub(r"\((\w+)\)\. \(\1\)", r"(\1)", text).replace(". . (", ". (")
+        return cls(int(m.group(1)), text)
+
+
+def refused(why: str) -> QueryFailed:
+    return QueryFailed(164, f"Code: 164. DB::Exception: {why}: rlpulse's read endpoint on the sink's chDB store is "
+                            "read-only (SELECT, WITH, SHOW, DESCRIBE, EXISTS and EXPLAIN; data comes in through the "
+                            "pipeline). (READONLY)")
+
+
+@dataclass
+class Answer:
+    body: bytes
+    fmt: str
+    summary: dict[str, str]
+
+
+def _escaped(text: str) -> str:
+    """``text`` as a String query parameter value (parsed in ClickHouse's escaped format)."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class Engine:
+    """Runs one request's SQL on a connection of its own to the engine the sink hosts."""
+
+    def __init__(self, store_path: str, limits: ReadLimits):
+        import chdb
+
+        self._connect = chdb.connect
+        self._path = os.path.realpath(store_path)  # clickhouse-connect opened it by this spelling
+        self.limits = limits
+        self.slots = threading.BoundedSemaphore(limits.max_concurrent)
+        with self._conn() as conn:
+            self.timezone = conn.query("SELECT timezone()", "TabSeparatedRaw").bytes().decode().strip()
+            self.version = conn.query("SELECT version()", "TabSeparatedRaw").bytes().decode().strip()
+
+    @contextmanager
+    def _conn(self) -> Iterator[Any]:
+        conn = self._connect(self._path)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def answer(self, sql: str, default_format: str, params: Mapping[str, str], settings: Mapping[str, str],
+               database: str | None) -> Answer:
+        if not self.slots.acquire(timeout=self.limits.max_execution_time):
+            raise QueryFailed(202, f"Code: 202. DB::Exception: Too many simultaneous queries on the read endpoint: "
+                                   f"{self.limits.max_concurrent} run at once. (TOO_MANY_SIMULTANEOUS_QUERIES)")
+        try:
+            with self._conn() as conn:
+                return self._run(conn, sql, default_format, params, settings, database)
+        finally:
+            self.slots.release()
+
+    def _run(self, conn: Any, sql: str, default_format: str, params: Mapping[str, str],
+             settings: Mapping[str, str], database: str | None) -> Answer:
+        try:
+            self._prepare(conn, settings, database)
+            fmt = self._check(conn, sql, params) or default_format
+            result = conn.query(sql, default_format, params=dict(params))
+        except QueryFailed:
+            raise
+        except Exception as exc:  # chDB raises its errors as RuntimeError/ChdbError with ClickHouse's text
+            raise QueryFailed.from_engine(exc) from None
+        body = result.bytes() or b""
+        summary = {"read_rows": str(result.rows_read()), "read_bytes": str(result.bytes_read()), "written_rows": "0",
+                   "written_bytes": "0", "total_rows_to_read": "0", "result_rows": "0", "result_bytes": str(len(body)),
+                   "elapsed_ns": str(int(result.elapsed() * 1e9))}
+        return Answer(body, fmt, summary)
+
+    def _prepare(self, conn: Any, settings: Mapping[str, str], database: str | None) -> None:
+        """The request's settings and database, the limits, then readonly=1, on this connection only."""
+        caps = self.limits.clamped()
+        chosen: dict[str, str] = {"allow_python_table_function": "0"}
+        asked_readonly = None
+        for name, value in settings.items():
+            if not _NAME.match(name):
+                raise QueryFailed(115, f"Code: 115. DB::Exception: Unknown setting '{name}'. (UNKNOWN_SETTING)")
+            if name == "readonly":
+                asked_readonly = value
+            elif name in caps:
+                try:
+                    asked = float(value)
+                except ValueError:
+                    raise QueryFailed(27, f"Code: 27. DB::Exception: Cannot parse '{value}' for setting {name}. "
+                                          "(CANNOT_PARSE_INPUT_ASSERTION_FAILED)") from None
+                if 0 < asked < caps[name]:
+                    caps[name] = int(asked) if asked == int(asked) else asked  # type: ignore[assignment]
+            elif _DENIED_SETTING.search(name):
+                raise refused(f"Cannot modify '{name}' setting through the read endpoint")
+            else:
+                chosen[name] = value
+        chosen.update({k: str(v) for k, v in caps.items()})
+        if database:
+            quoted = database.replace("\\", "\\\\").replace("`", "\\`")
+            conn.query(f"USE `{quoted}`", "TabSeparated")
+        for name, value in chosen.items():
+            conn.query(f"SET {name} = {_quote(value)}", "TabSeparated")
+        conn.query("SET readonly = 1", "TabSeparated")
+        if asked_readonly is not None:  # the engine refuses anything but 1, in its own words
+            conn.query(f"SET readonly = {_quote(asked_readonly)}", "TabSeparated")
+
+    def _check(self, conn: Any, sql: str, params: Mapping[str, str]) -> str | None:
+        """Refuse what readonly=1 lets through in chDB; return the statement's own FORMAT, if any."""
+        formatted = conn.query("SELECT formatQuery({q:String})", "TabSeparatedRaw",
+                               params={"q": _escaped(sql)}).bytes().decode().rstrip("\n")
+        lines = formatted.split("\n")
+        fmt = None
+        if lines and re.fullmatch(r"FORMAT \S+", lines[-1]):
+            fmt = lines.pop().split(" ", 1)[1]
+        if any(re.match(r"\s*INTO OUTFILE\b", line) for line in lines):
+            raise refused("INTO OUTFILE writes a file")
+        ast = conn.query("EXPLAIN AST " + "\n".join(lines), "TabSeparatedRaw", params=dict(params)).bytes().decode()
+        nodes = [(len(line) - len(line.lstrip(" ")), line.strip()) for line in ast.splitlines() if line.strip()]
+        if not nodes:
+            raise refused("an empty statement")
+        kind = nodes[0][1].split(" ")[0]
+        if not (nodes[0][1].startswith(_READ_PREFIXES) or kind in _READ_KINDS):
+            raise refused(f"Cannot execute query in readonly mode ({kind.removesuffix('Query')} is not a read)")
+        parents: list[str] = []
+        for depth, node in nodes:
+            del parents[depth:]
+            if node.startswith("Literal") and parents and parents[-1].startswith(_OUTPUT_NODES):
+                raise refused("INTO OUTFILE writes a file")
+            parents.append(node)
+        denied = _DENIED_FUNCTION.search(ast)
+        if denied:
+            raise refused(f"the function {denied.group(1)}() reads outside the store")
+        return fmt
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: clients pool their connections
+    server_version = "rlpulse-read-endpoint"
+    timeout = 60  # a silent client gives its thread back
+    engine: Engine  # set on the subclass made per server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        log.debug("read endpoint: " + format, *args)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._send(200, b"", {"Content-Type": "text/plain; charset=UTF-8"}, head=True)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._handle(b"")
+
+    def do_POST(self) -> None:  # noqa: N802
+        try:
+            body = self._body()
+        except QueryFailed as exc:
+            self._fail(exc)
+            return
+        self._handle(body)
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks, size = [], 0
+            while True:
+                n = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if n == 0:
+                    while self.rfile.readline().strip():  # trailers
+                        pass
+                    break
+                size += n
+                if size > MAX_BODY:
+                    raise QueryFailed(36, "Code: 36. DB::Exception: Request body over 16 MiB: the "
+                                                             "read endpoint takes queries, not data. (BAD_ARGUMENTS)")
+                chunks.append(self.rfile.read(n))
+                self.rfile.readline()
+            data = b"".join(chunks)
+        else:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                raise QueryFailed(36, "Code: 36. DB::Exception: Request body over 16 MiB: the read endpoint takes "
+                                      "queries, not data. (BAD_ARGUMENTS)")
+            data = self.rfile.read(length) if length else b""
+        encoding = self.headers.get("Content-Encoding", "identity").lower()
+        if encoding == "gzip":
+            data = gzip.decompress(data)
+        elif encoding == "deflate":
+            data = zlib.decompress(data)
+        elif encoding not in ("identity", ""):
+            raise QueryFailed(48, f"Code: 48. DB::Exception: Content-Encoding {encoding} is not supported by the "
+                                  "read endpoint (gzip, deflate). (NOT_IMPLEMENTED)")
+        return data
+
+    def _handle(self, body: bytes) -> None:
+        url = urlsplit(self.path)
+        if url.path in ("/ping", "/replicas_status"):
+            self._send(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
+            return
+        if url.path not in ("/", ""):
+            self._send(404, f"There is no handle {url.path}\n".encode(), {"Content-Type": "text/plain; charset=UTF-8"})
+            return
+        args = dict(parse_qsl(url.query, keep_blank_values=True))
+        content_type = self.headers.get("Content-Type", "")
+        if content_type.startswith("multipart/form-data"):
+            # clickhouse-connect sends long parameter values (and the query with them) as a form.
+            message = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + body)
+            for part in message.iter_parts():
+                name = part.get_param("name", header="content-disposition")
+                if name and part.get_filename() is None:
+                    args[name] = part.get_payload(decode=True).decode()
+            body = b""
+        query_id = args.get("query_id") or str(uuid.uuid4())
+        if "query" not in args and not body:
+            self._send(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
+            return
+        sql = "\n".join(part for part in (args.get("query", ""), body.decode(errors="replace")) if part)
+        params = {k[6:]: v for k, v in args.items() if k.startswith("param_")}
+        settings = {k: v for k, v in args.items() if k not in _TRANSPORT and not k.startswith("param_")}
+        try:
+            for flag in ("compress", "decompress"):
+                if args.get(flag, "0") not in ("0", "", "false"):
+                    raise QueryFailed(48, f"Code: 48. DB::Exception: {flag}=1 (ClickHouse's compressed blocks) is not "
+                                          "supported by the read endpoint; use HTTP compression or none. (NOT_IMPLEMENTED)")
+            started = time.monotonic()
+            answer = self.engine.answer(sql, args.get("default_format") or "TabSeparated", params, settings,
+                                        args.get("database"))
+        except QueryFailed as exc:
+            self._fail(exc, query_id)
+            return
+        log.debug("read endpoint: %d bytes in %.3fs", len(answer.body), time.monotonic() - started)
+        headers = {"Content-Type": _content_type(answer.fmt), "X-ClickHouse-Format": answer.fmt,
+                   "X-ClickHouse-Summary": json.dumps(answer.summary, separators=(",", ":")),
+                   "X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Timezone": self.engine.timezone}
+        body_out = answer.body
+        if args.get("enable_http_compression") in ("1", "true"):
+            accepted = {e.strip().split(";")[0] for e in self.headers.get("Accept-Encoding", "").split(",")}
+            if "gzip" in accepted:
+                body_out, headers["Content-Encoding"] = gzip.compress(body_out, 3), "gzip"
+            elif "deflate" in accepted:
+                body_out, headers["Content-Encoding"] = zlib.compress(body_out, 3), "deflate"
+        self._send(200, body_out, headers)
+
+    def _fail(self, exc: QueryFailed, query_id: str = "") -> None:
+        self._send(_STATUS.get(exc.code, 500), (exc.text.rstrip("\n") + "\n").encode(),
+                   {"Content-Type": "text/plain; charset=UTF-8", "X-ClickHouse-Exception-Code": str(exc.code),
+                    "X-ClickHouse-Query-Id": query_id})
+
+    def _send(self, status: int, body: bytes, headers: Mapping[str, str], head: bool = False) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("X-ClickHouse-Server-Display-Name", "rlpulse-sink")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+
+def _content_type(fmt: str) -> str:
+    for prefix, content_type in _CONTENT_TYPES:
+        if fmt.startswith(prefix):
+            return content_type
+    return "application/octet-stream"
+
+
+class ReadEndpoint:
+    """The HTTP server, in daemon threads, and the endpoint file that lets readers find it."""
+
+    def __init__(self, store_path: str | Path, port: int = 0, limits: ReadLimits | None = None, host: str = HOST):
+        self.store_dir = Path(store_path)
+        self.engine = Engine(str(store_path), limits or ReadLimits())
+        handler = type("Handler", (_Handler,), {"engine": self.engine})
+        self._server = ThreadingHTTPServer((host, port), handler)
+        self._server.daemon_threads = True
+        self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
+        self.url = f"http://{self.address[0]}:{self.address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="rlpulse-read-endpoint", daemon=True)
+
+    def start(self) -> "ReadEndpoint":
+        self._thread.start()
+        path = self.store_dir / ENDPOINT_FILE
+        tmp = path.with_name(f".{ENDPOINT_FILE}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"url": self.url, "pid": os.getpid()}, f)
+        os.replace(tmp, path)  # readers never see half a file
+        log.info("read-only queries on the store at %s (loopback only)", self.url)
+        return self
+
+    def close(self) -> None:
+        path = self.store_dir / ENDPOINT_FILE
+        try:
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+@contextmanager
+def serve_reads(store: Any, port: int | None = None, limits: ReadLimits | None = None) -> Iterator[ReadEndpoint | None]:
+    """While the block runs, serve read-only queries on ``store`` if it is a chDB store (a server needs none).
+
+    ``port``: None reads ``RLPULSE_READ_PORT`` (0, the default, picks a free port).
+    """
+    parts = urlsplit(store.url)
+    if parts.scheme != "chdb":
+        yield None
+        return
+    if port is None:
+        port = int(os.environ.get("RLPULSE_READ_PORT") or 0)
+    endpoint = ReadEndpoint(parts.path, port=port, limits=limits).start()
+    try:
+        yield endpoint
+    finally:
+        endpoint.close()
+
+
+def _holder_pid(store_dir: Path) -> tuple[int | None, str]:
+    try:
+        text = (store_dir / "rlpulse.lock").read_text()
+    except OSError:
+        return None, ""
+    m = re.match(r"pid (\d+)", text)
+    return (int(m.group(1)) if m else None), text
+
+
+def find_endpoint(store_dir: Path, wait: float = 5.0) -> str | None:
+    """The URL of the read endpoint of the process holding the store at ``store_dir``, or None.
+
+    A file left by a process that died is ignored (its pid is not the lock holder's). A sink that
+    has just taken the lock (migrating, starting its server) gets ``wait`` seconds to publish it.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        pid, holder = _holder_pid(store_dir)
+        try:
+            found = json.loads((store_dir / ENDPOINT_FILE).read_text())
+        except (OSError, ValueError):
+            found = {}
+        if pid is not None and found.get("pid") == pid and found.get("url"):
+            return str(found["url"])
+        if "sink" not in holder or time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
