@@ -128,6 +128,7 @@ class Trajectory:
     key: str
     rollout: SpanRow
     tree: Tree
+    reward: float | None = None  # the ROLLOUT span's, else its REWARD entry span's (seed 000's model)
 
 
 @dataclass
@@ -244,7 +245,10 @@ def _trajectories(store: Store, run: str, attempt: int, step: int, sample: str |
         members = grouped.get(key, [])
         if all(s.span_id != rollout.span_id for s in members):
             members.append(rollout)  # its own span was read above even if past the fetch limit
-        out.append(Trajectory(key, rollout, build_tree(members, cap, totals.get(key))))
+        reward = rollout.typed.get("reward")
+        if reward is None:
+            reward = next((s.typed["reward"] for s in members if s.kind == "REWARD" and "reward" in s.typed), None)
+        out.append(Trajectory(key, rollout, build_tree(members, cap, totals.get(key)), reward))
     return out, more
 
 
@@ -338,8 +342,8 @@ def _status(rollout: SpanRow) -> str:
     return rollout.status + (", clipped" if rollout.typed.get("clipped") else "")
 
 
-def _reward(rollout: SpanRow) -> str:
-    return f"{rollout.typed['reward']:g}" if "reward" in rollout.typed else "none"
+def _reward(t: Trajectory) -> str:
+    return "none" if t.reward is None else f"{t.reward:g}"
 
 
 def render_section(store: Store, run: str, attempt: int, step: int | None = None, sample: str | None = None,
@@ -356,7 +360,7 @@ def render_section(store: Store, run: str, attempt: int, step: int | None = None
              if others else "")
     rows = "".join(
         f'<tr class="trajectory-row" data-rollout="{esc(t.key)}"><td>{esc(t.key)}</td><td class="reward">'
-        f'{esc(_reward(t.rollout))}</td><td class="status">{esc(_status(t.rollout))}</td>'
+        f'{esc(_reward(t))}</td><td class="status">{esc(_status(t.rollout))}</td>'
         f'<td>{esc(t.rollout.typed.get("completion_tokens", ""))}</td><td>{t.tree.shown + t.tree.not_shown}</td></tr>'
         for t in sel.trajectories)
     table = ('<table class="trajectories"><tr><th>rollout</th><th>reward</th><th>status</th>'
@@ -369,7 +373,7 @@ def render_section(store: Store, run: str, attempt: int, step: int | None = None
         if t.tree.not_shown:
             notes.append(f"{t.tree.not_shown} more not shown (the first {t.tree.shown} in tree order are)")
         note = "".join(f'<p class="tree-note">{esc(n)}</p>' for n in notes)
-        summary = (f"rollout {t.key} · reward {_reward(t.rollout)} · {_status(t.rollout)}"
+        summary = (f"rollout {t.key} · reward {_reward(t)} · {_status(t.rollout)}"
                    + (f" · {t.rollout.typed['completion_tokens']} completion tokens"
                       if "completion_tokens" in t.rollout.typed else ""))
         blocks.append(f'<details class="trajectory" data-rollout="{esc(t.key)}" open><summary>{esc(summary)}'
@@ -382,6 +386,7 @@ def render_section(store: Store, run: str, attempt: int, step: int | None = None
 
 CSS = """
 details.span, div.span { margin-left: 18px; font-size: 13px; line-height: 1.6; }
+div.span.leaf { padding-left: 14px; }
 details.trajectory { border-top: 1px solid #eee; padding: 4px 0; }
 details.trajectory > summary { font-weight: bold; }
 .kind { display: inline-block; min-width: 64px; font-family: monospace; color: #555; }
