@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from producers.events import FAILURE_CAUSES
+from producers.records import span_id, trace_id
 from producers.telemetry import TrainingTelemetry
 from rlpulse.settings import Settings
 
@@ -36,6 +37,7 @@ class SimConfig:
     stall_s: float = 0.0  # the last run stops progressing after step 0 for this long (heartbeats go on)
     silent_run: bool = False  # one more run that completes a step and then dies without a word
     gpu: bool = False  # a simulated GPU per run; the first run's GPU has an XID and a slowdown
+    child_spans: bool = True  # LLM, TOOL, LLM spans under each rollout (the trajectory view of the report)
 
 
 @dataclass
@@ -117,11 +119,49 @@ def _one_rollout(tel: TrainingTelemetry, rng: random.Random, truth: GroundTruth,
             truth.failures[(run_id, term, outcome)] += 1
     clipped = rng.random() < config.clip_rate
     tokens = MAX_TOKENS if clipped else rng.randint(50, MAX_TOKENS - 1)
+    took_s = _children(tel, truth, config, run_id, step, f"s{step}-r{i}", tokens) if config.child_spans else 0.0
     tel.rollout(step=step, rollout_id=f"s{step}-r{i}", reward=round(sum(shares.values()), 6), term_shares=shares,
-                completion_tokens=tokens, max_tokens=MAX_TOKENS, sample_id=f"p{step}-{i // config.rollouts_per_sample}")
+                completion_tokens=tokens, max_tokens=MAX_TOKENS, sample_id=f"p{step}-{i // config.rollouts_per_sample}",
+                duration_s=took_s)
     truth.spans += 1
     truth.rollouts[run_id] += 1
     truth.clipped[(run_id, step)] += int(clipped)
+
+
+def _children(tel: TrainingTelemetry, truth: GroundTruth, config: SimConfig, run_id: str, step: int,
+              rollout_id: str, tokens: int) -> float:
+    """Seed 000's tree under a rollout: LLM turn, TOOL call, LLM turn; returns the rollout's duration.
+
+    Their own generator (seeded by the rollout), so the rewards, outcomes and clipping drawn
+    from the run's generator are the same with or without them. They end 3 s before now, where
+    the graders (at most 3 s long, ending now) begin.
+    """
+    rng = random.Random(f"{config.seed}/{run_id}/{step}/{rollout_id}")
+    ids = f"{run_id}/{tel.attempt}/{rollout_id}"
+    parent, trace = span_id(f"{ids}/rollout"), trace_id(ids)
+    now = time.time_ns()
+    first = tokens // 3
+    calls = [("turn 1", "LLM", rng.uniform(0.2, 1.5), {"gen_ai.request.model": "sim-policy",
+                                                        "gen_ai.usage.input_tokens": rng.randint(200, 800),
+                                                        "gen_ai.usage.output_tokens": first}),
+             ("search", "TOOL", rng.uniform(0.05, 0.8), {"tool.name": "search", "tool.provider": "mcp"}),
+             ("turn 2", "LLM", rng.uniform(0.2, 1.5), {"gen_ai.request.model": "sim-policy",
+                                                        "gen_ai.usage.input_tokens": rng.randint(800, 1600),
+                                                        "gen_ai.usage.output_tokens": tokens - first})]
+    failed = rng.random() < 0.1  # now and then the tool errs and the second turn answers without it
+    start = now - 3_000_000_000 - int(sum(c[2] for c in calls) * 1e9)
+    took = now - start
+    for k, (name, kind, seconds, attrs) in enumerate(calls):
+        end = start + int(seconds * 1e9)
+        error = failed and kind == "TOOL"
+        tel.publish_span({"time_ns": end, "trace_id": trace, "span_id": span_id(f"{ids}/child{k}"),
+                          "parent_span_id": parent, "name": name, "kind": kind, "start_time_ns": start,
+                          "end_time_ns": end, "status": "ERROR" if error else "OK",
+                          "status_message": "search backend timed out" if error else "", "rollout_id": rollout_id,
+                          "step": step, "attributes": attrs})
+        truth.spans += 1
+        start = end
+    return took / 1e9 + 0.001  # the rollout call comes a moment after now
 
 
 def _gpu_sample(tel: TrainingTelemetry, truth: GroundTruth, run_id: str, step: int, first_run: bool) -> None:
