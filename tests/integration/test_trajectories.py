@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from producers.simulator import SimConfig, simulate
-from rlpulse.pipeline import Pipeline, wait_groups_ready
+from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.settings import Settings
 from schemas.topics import ensure_topics
 from sinks.clickhouse import migrate, open_store
@@ -298,23 +298,27 @@ def test_no_sample_ids_no_rollouts_and_the_cap(tmp_path: Path) -> None:
 
 
 def test_simulated_sdk_trajectories_through_the_sink(settings: Settings) -> None:
-    """The SDK path: the simulator's rollouts, graders and LLM/TOOL children, through Kafka and the sink."""
-    from sinks.html_report import render
-
+    """The SDK path: the simulator's rollouts, graders and LLM/TOOL children, through Kafka and the
+    sink; the page written by ``rlpulse report`` while the sink runs (its read endpoint serves it)."""
     ensure_topics(settings)
     config = SimConfig(project="simt", runs=1, steps=2, rollouts_per_step=4, rollouts_per_sample=2)
+    out = settings.home / "sim.html"
     with Pipeline(settings) as pipeline:
         pipeline.start(("sink",))
         wait_groups_ready(settings, (settings.sink_group,), pipeline)
         truth = simulate(settings, config)
         pipeline.wait_caught_up(0)
+        done = subprocess.run([sys.executable, "-m", "rlpulse.cli", "report", "simt-run1", "--html", str(out)],
+                              env={**settings_env(settings), "PYTHONPATH": str(REPO)}, cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
         pipeline.stop()
+    assert done.returncode == 0, done.stderr
     assert truth.undelivered == 0 and truth.spans == 2 * 4 * (1 + 2 + 3)  # rollout, 2 graders, 3 children
     with open_store(settings.clickhouse_dsn, owner="test") as store:
         rewards = dict(store.client.query(
             f"SELECT rollout_id, reward FROM {store.database}.spans FINAL WHERE run_id = 'simt-run1' "
             "AND kind = 'ROLLOUT' AND sample_id = 'p1-0'").result_rows)
-        dom = Dom(render(store, "simt-run1")).root
+    dom = Dom(out.read_text()).root
     [section] = dom.find("section", id="trajectories")
     assert section.find("h3")[0].text() == "Step 1, sample p1-0: 2 trajectories"
     assert section.find("p", cls="other-samples")[0].text() == "Other samples of step 1 (rollouts): p1-1 (2)"
