@@ -1,8 +1,9 @@
 # Each target sets itself up from nothing: virtual environment, Kafka jars, the local broker.
 VENV := .venv
 BIN := $(VENV)/bin
-# Everything the local services and the chDB store write lives in the checkout (git ignores it).
-export RLPULSE_HOME ?= $(CURDIR)/.rlpulse
+# Everything the local services and the chDB store write lives in .rlpulse/ in the checkout (git
+# ignores it): rlpulse run from a checkout picks that home itself (rlpulse.settings), so `make` and
+# a bare `.venv/bin/rlpulse` share one broker and one store. RLPULSE_HOME overrides it for both.
 
 .PHONY: demo test bench soak services-up services-down browser
 

@@ -26,8 +26,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# As the Makefile does: the broker `make services-up` started lives under the checkout's .rlpulse.
-os.environ.setdefault("RLPULSE_HOME", str(ROOT / ".rlpulse"))
+# The home is the checkout's .rlpulse (rlpulse.settings picks it for a checkout's rlpulse): the
+# broker `make services-up` started.
 
 from bench.drain import DrainConfig  # noqa: E402
 from bench.e2e import E2EConfig, delete_topics, run_e2e  # noqa: E402

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -34,8 +33,8 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# As the Makefile does: the broker `make services-up` started lives under the checkout's .rlpulse.
-os.environ.setdefault("RLPULSE_HOME", str(ROOT / ".rlpulse"))
+# The home is the checkout's .rlpulse (rlpulse.settings picks it for a checkout's rlpulse): the
+# broker `make services-up` started.
 
 from aiokafka import AIOKafkaProducer, TopicPartition  # noqa: E402
 

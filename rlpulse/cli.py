@@ -252,7 +252,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     options = _bench_options()
     if options is None:
         raise RuntimeError(f"rlpulse bench runs from a source checkout: no bench/ beside {root / 'rlpulse'}")
-    os.environ.setdefault("RLPULSE_HOME", str(root / ".rlpulse"))  # as the Makefile does
     settings = _settings(args)
     if services.main(settings, "up") != 0:
         return 1

@@ -22,6 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
+from rlpulse.progress import Ticker
 from rlpulse.settings import Settings
 
 KAFKA_VERSION = "3.9.1"
@@ -166,7 +167,9 @@ def fetch_jars(settings: Settings) -> Path:
     started = time.monotonic()
     libs.mkdir(parents=True, exist_ok=True)
     cmd = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", f"-DoutputDirectory={libs}"]
-    run = subprocess.run(cmd, capture_output=True, text=True)
+    # A first fetch downloads ~100 MB into ~/.m2 and can take minutes: say it is still going.
+    with Ticker(f"fetching Kafka {KAFKA_VERSION} jars from Maven Central (first run)", say=_say):
+        run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         tail = "\n".join((run.stdout + run.stderr).splitlines()[-20:])
         raise ServicesError(f"mvn failed (exit {run.returncode}) fetching the Kafka jars:\n{tail}")
@@ -239,11 +242,12 @@ def up(settings: Settings) -> None:
     pid = our_pid(settings)
     if pid is not None:
         deadline = time.monotonic() + START_TIMEOUT  # it may still be starting (a concurrent `up`)
-        while not broker_answers(bootstrap, 2.0):
-            if time.monotonic() > deadline or our_pid(settings) is None:
-                raise ServicesError(f"the broker rlpulse started (pid {pid}) does not answer on {bootstrap}; "
-                                    f"run `rlpulse services down` and look at {log}")
-            time.sleep(0.5)
+        with Ticker(f"waiting for the broker rlpulse started (pid {pid}) to answer on {bootstrap}", say=_say):
+            while not broker_answers(bootstrap, 2.0):
+                if time.monotonic() > deadline or our_pid(settings) is None:
+                    raise ServicesError(f"the broker rlpulse started (pid {pid}) does not answer on {bootstrap}; "
+                                        f"run `rlpulse services down` and look at {log}")
+                time.sleep(0.5)
         _say(f"Kafka {KAFKA_VERSION} broker already running on {bootstrap} (pid {pid}, log: {log})")
         return
     if host not in _LOCAL_HOSTS:
@@ -267,17 +271,19 @@ def up(settings: Settings) -> None:
         proc = subprocess.Popen(cmd, cwd=log.parent, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     _pid_file(settings).write_text(f"{proc.pid}\n")
-    while not broker_answers(bootstrap, 2.0):
-        failed = None
-        if proc.poll() is not None:
-            failed = f"the Kafka broker exited with status {proc.returncode} before it answered"
-        elif time.monotonic() - started > START_TIMEOUT:
-            failed = f"the Kafka broker did not answer on {bootstrap} within {START_TIMEOUT:.0f}s; stopped it"
-            _stop(proc.pid)
-        if failed:
-            _pid_file(settings).unlink(missing_ok=True)
-            raise ServicesError(f"{failed}. Last lines of {log}:\n{_log_tail(settings)}")
-        time.sleep(0.5)
+    _say(f"started the Kafka broker (pid {proc.pid}); waiting for it to answer on {bootstrap}")
+    with Ticker(f"waiting for the broker to answer on {bootstrap} (pid {proc.pid})", say=_say):
+        while not broker_answers(bootstrap, 2.0):
+            failed = None
+            if proc.poll() is not None:
+                failed = f"the Kafka broker exited with status {proc.returncode} before it answered"
+            elif time.monotonic() - started > START_TIMEOUT:
+                failed = f"the Kafka broker did not answer on {bootstrap} within {START_TIMEOUT:.0f}s; stopped it"
+                _stop(proc.pid)
+            if failed:
+                _pid_file(settings).unlink(missing_ok=True)
+                raise ServicesError(f"{failed}. Last lines of {log}:\n{_log_tail(settings)}")
+            time.sleep(0.5)
     _say(f"Kafka {KAFKA_VERSION} broker up on {bootstrap} (pid {proc.pid}, log: {log}) "
          f"in {time.monotonic() - started:.1f}s")
 
@@ -321,6 +327,7 @@ def status(settings: Settings) -> bool:
     host, port = host_port(settings.kafka_bootstrap)
     bootstrap = f"{host}:{port}"
     pid = our_pid(settings)
+    _say(f"rlpulse home: {settings.home} (RLPULSE_HOME overrides it)")
     if pid is not None:
         _say(f"broker started by rlpulse: running (pid {pid}, log: {_log_file(settings)})")
     elif _pid_file(settings).exists():
@@ -331,6 +338,8 @@ def status(settings: Settings) -> bool:
     _say(f"{bootstrap}: {'a Kafka broker answers' if answers else 'no Kafka broker answers'}")
     if pid is None and (answers or port_open(host, port)):
         _say(f"note: {bootstrap} is served by a process rlpulse did not start from RLPULSE_HOME={settings.home}")
+    elif not answers:
+        _say("start it with `rlpulse services up` (or `make services-up`)")
     return pid is not None and answers
 
 

@@ -26,8 +26,31 @@ def parse_duration(text: str | float | int) -> float:
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
-def _default_home() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+_PROJECT_NAME = re.compile(r"""^name\s*=\s*["']rlpulse["']\s*$""", re.MULTILINE)
+
+
+def checkout_root(package_dir: Path | None = None) -> Path | None:
+    """The source checkout this ``rlpulse`` package runs from (an editable install), else None.
+
+    A checkout is the folder above the package holding a ``Makefile`` and a ``pyproject.toml``
+    that names the ``rlpulse`` project; an installed wheel sits in site-packages, which has neither.
+    """
+    root = (package_dir or Path(__file__).resolve().parent).parent
+    try:
+        return root if (root / "Makefile").is_file() and _PROJECT_NAME.search((root / "pyproject.toml").read_text()) else None
+    except OSError:
+        return None
+
+
+def _default_home(package_dir: Path | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """``<checkout>/.rlpulse`` when running from a source checkout, else ``$XDG_DATA_HOME/rlpulse``
+    (``~/.local/share/rlpulse``). One home per checkout: ``make`` and a bare ``rlpulse`` run there
+    find the same broker and the same chDB store."""
+    root = checkout_root(package_dir)
+    if root is not None:
+        return root / ".rlpulse"
+    env = os.environ if env is None else env
+    base = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "rlpulse"
 
 
