@@ -159,19 +159,22 @@ def _label(sample: str | None) -> str:
 
 def select(store: Store, run: str, attempt: int, step: int | None = None, sample: str | None = None,
            cap: int = SPAN_CAP) -> Selection:
-    """The trajectories of (step, sample); defaults: the latest step with rollouts, its first
-    sample by id. Raises ValueError for a step or sample that has no rollouts."""
+    """The trajectories of (step, sample); defaults: the latest step with rollouts (of the sample,
+    when one is given), its first sample by id. Raises ValueError for a step or sample that has no
+    rollouts."""
     where, p = _where(run, attempt)
     notes = []
     if step is None:
+        of_sample = "" if sample is None else f" AND {SAMPLE_SQL} = {{sample:String}}"
         found = _rows(store, f"SELECT max(step), count() FROM {{db}}.spans FINAL WHERE {where} "
-                             "AND kind = 'ROLLOUT' AND step IS NOT NULL", **p)
+                             f"AND kind = 'ROLLOUT' AND step IS NOT NULL{of_sample}", sample=sample or "", **p)
         if not found or not found[0][1]:
             if sample is not None:
-                raise ValueError(f"run {run} attempt {attempt} has no rollouts, so no sample {sample}")
+                raise ValueError(f"run {run} attempt {attempt} has no rollouts of sample {sample} at any step")
             return Selection(None, None, [], f"Run {run}, attempt {attempt} has no rollouts.", [])
         step = int(found[0][0])
-        notes.append(f"step {step} (the latest step with rollouts; choose another with --step N)")
+        notes.append(f"step {step} (the latest step with rollouts{'' if sample is None else ' of this sample'}; "
+                     "choose another with --step N)")
     samples = [(s, int(n)) for s, n in _rows(
         store, f"SELECT {SAMPLE_SQL} AS s, uniqExact(span_id) FROM {{db}}.spans FINAL WHERE {where} "
                "AND kind = 'ROLLOUT' AND step = {step:Int64} GROUP BY s ORDER BY s IS NULL, s", step=step, **p)]
@@ -310,7 +313,8 @@ def _attribute_table(span: SpanRow) -> str:
         return ""
     rows = "".join(f"<tr><td>{esc(k)}</td><td>{esc(v[:ATTRIBUTE_VALUE_CAP])}"
                    f"{'…' if len(v) > ATTRIBUTE_VALUE_CAP else ''}</td></tr>" for k, v in items[:ATTRIBUTE_ROWS_CAP])
-    more = f"<tr><td colspan=2>{len(items) - ATTRIBUTE_ROWS_CAP} more</td></tr>" if len(items) > ATTRIBUTE_ROWS_CAP else ""
+    extra = len(items) - ATTRIBUTE_ROWS_CAP
+    more = f"<tr><td colspan=2>{extra} more</td></tr>" if extra > 0 else ""
     return f'<table class="attributes">{rows}{more}</table>'
 
 
@@ -380,7 +384,8 @@ def render_section(store: Store, run: str, attempt: int, step: int | None = None
                       f"</summary>{note}{tree_html(t.tree.roots)}</details>")
     more = (f'<p class="tree-note">{sel.more_trajectories} more trajectories of this sample not shown</p>'
             if sel.more_trajectories else "")
-    title = f"<h3>Step {sel.step}, sample {esc(_label(sel.sample))}: {_n(len(sel.trajectories), 'trajectory', 'trajectories')}</h3>"
+    count = _n(len(sel.trajectories), "trajectory", "trajectories")
+    title = f"<h3>Step {sel.step}, sample {esc(_label(sel.sample))}: {count}</h3>"
     return head + other + title + table + more + "".join(blocks) + "</section>"
 
 

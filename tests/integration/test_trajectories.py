@@ -240,6 +240,15 @@ def test_trajectories_of_one_sample_in_headless_chromium(tmp_path: Path) -> None
     assert shot.returncode == 0 and png.exists() and png.stat().st_size > 20_000, shot.stderr[-2000:]
     shutil.copyfile(png, artefact)
 
+    # --sample alone: the latest step that has it
+    done = _report(store_url, "runT", "--html", str(tmp_path / "pb.html"), "--sample", "p-b")
+    assert done.returncode == 0, done.stderr
+    dom = Dom((tmp_path / "pb.html").read_text()).root
+    assert dom.find("p", cls="choice")[0].text() == (
+        "Showing step 2 (the latest step with rollouts of this sample; choose another with --step N).")
+    assert _table(dom) == [("r3", "1", "OK", "", "1")]
+    assert dom.find("p", cls="other-samples")[0].text() == "Other samples of step 2 (rollouts): p-a (3)"
+
     # --step/--sample choose another group: step 1's r0 is another rollout with another tree
     other = tmp_path / "step1.html"
     done = _report(store_url, "runT", "--html", str(other), "--step", "1", "--sample", "p-a")
@@ -255,10 +264,12 @@ def test_bad_step_or_sample_is_a_clear_error(tmp_path: Path) -> None:
     _seed(store_url)
     out = tmp_path / "r.html"
     cases = [
-        (("runT", "--html", str(out), "--sample", "nope"),
+        (("runT", "--html", str(out), "--step", "2", "--sample", "nope"),
          "rlpulse report: step 2 of run runT attempt 1 has no rollouts of sample nope; its samples: p-a, p-b"),
         (("runT", "--html", str(out), "--step", "7"),
          "rlpulse report: run runT attempt 1 has no rollouts at step 7; its 2 steps with rollouts run from 1 to 2"),
+        (("runT", "--html", str(out), "--sample", "nope", "--attempt", "1"),
+         "rlpulse report: run runT attempt 1 has no rollouts of sample nope at any step"),
         (("runT", "--step", "1"), "rlpulse report: RUN and --html go together: rlpulse report RUN --html out.html"),
         (("--step", "1"), "rlpulse report: --step and --sample choose the trajectories of the HTML page: "
                           "rlpulse report RUN --html out.html --step N --sample ID"),
