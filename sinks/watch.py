@@ -12,14 +12,14 @@ What the view counts as an active run, and how each figure is taken:
 * State: ENDED after a RUN_END; else SILENT or STALLED while that alert is open (SILENT wins:
   no report at all says more than no progress); else RUNNING.
 * Step: the highest ``step`` of the attempt's STEP events. Steps per minute: the rise of
-  ``step_count`` over the last ``rate_window_s`` (5 min) of the run's own reports, up to its
-  latest one (so an ended run keeps the pace it ended at, a stalled run drops to 0); over
-  the run's whole life when it is younger than that. ``step_count`` is a maximum, so several
+  ``step_count`` over the ``rate_window_s`` (5 min) up to now, or up to its RUN_END for an
+  ended run (which keeps the pace it ended at; a stalled or silent run falls to 0); over the
+  run's whole life when it is younger than that. ``step_count`` is a maximum, so several
   writers reporting the same steps do not add up.
 * Reward mean and clipped ratio: the ``step_stats`` row of the attempt's highest step (the
   latest emission of that step wins).
 * Failure rate: failures / graded over the ``grader_windows`` (all terms) that overlap the
-  same ``rate_window_s`` before the run's latest report; the latest emission of a window wins.
+  same ``rate_window_s`` (up to now or the RUN_END); the latest emission of a window wins.
 * Open alerts: the latest record of each (rule, key) is FIRING (RESOLVED wins a tie of
   time_ns), as in the saved query ``stalled-runs``. An alert belongs to a run by its
   project/run_id/attempt, or, for GPU alerts keyed by ``hw_id``, by a GPU placed on the run.
@@ -85,7 +85,8 @@ class RunLine:
     failure_rate: float | None
     graded: int  # scores behind failure_rate
     first_ns: int
-    last_ns: int
+    last_ns: int  # the latest report
+    asof_ns: int  # pace and failure rate are taken up to this: the RUN_END, or now
     gpus: list[Gpu] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
 
@@ -104,6 +105,7 @@ class WatchSnapshot:
     show_all: bool = False
     project: str | None = None
     recent_s: float = RECENT_S
+    endpoint: str | None = None  # the sink's read endpoint, when the store is a chDB store the sink holds
 
 
 def _rows(store: Store, sql: str, **params: Any) -> list[tuple]:
@@ -127,25 +129,29 @@ def open_alerts(store: Store, project: str | None = None) -> list[Alert]:
     return [Alert(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), str(r[5]), int(r[6]), int(r[7])) for r in rows]
 
 
-def _attempts(store: Store, scope: str, rate_ns: int, **params: Any) -> list[tuple]:
-    """Per attempt in scope: first/last report, ended, last step, step_count now and rate_ns before the last report."""
+def _attempts(store: Store, scope: str, now_ns: int, rate_ns: int, **params: Any) -> list[tuple]:
+    """Per attempt in scope: first/last report, ended, last step, as-of time (RUN_END or now), and
+    step_count at the as-of time and rate_ns before it."""
     return _rows(store, f"""
         SELECT project, run_id, attempt, min(time_ns), max(time_ns), countIf(type = 'RUN_END') > 0,
-               countIf(type = 'STEP') > 0, maxIf(step, type = 'STEP'), max(step_count),
-               countIf(time_ns <= run_last_ns - {{rate_ns:Int64}}) > 0,
-               maxIf(step_count, time_ns <= run_last_ns - {{rate_ns:Int64}})
+               countIf(type = 'STEP') > 0, maxIf(step, type = 'STEP'), any(asof_ns),
+               maxIf(step_count, time_ns <= asof_ns),
+               countIf(time_ns <= asof_ns - {{rate_ns:Int64}}) > 0,
+               maxIf(step_count, time_ns <= asof_ns - {{rate_ns:Int64}})
         FROM (SELECT project, run_id, attempt, type, step, step_count, time_ns,
-                     max(time_ns) OVER (PARTITION BY project, run_id, attempt) AS run_last_ns
-              FROM {{db}}.steps WHERE {scope})
-        GROUP BY project, run_id, attempt ORDER BY project, run_id, attempt""", rate_ns=rate_ns, **params)
+                     if(countIf(type = 'RUN_END') OVER run > 0, minIf(time_ns, type = 'RUN_END') OVER run,
+                        {{now:Int64}}) AS asof_ns
+              FROM {{db}}.steps WHERE {scope}
+              WINDOW run AS (PARTITION BY project, run_id, attempt))
+        GROUP BY project, run_id, attempt ORDER BY project, run_id, attempt""", now=now_ns, rate_ns=rate_ns, **params)
 
 
-def _rate(first_ns: int, last_ns: int, count: int, has_before: bool, count_before: int, rate_ns: int) -> float | None:
+def _rate(first_ns: int, asof_ns: int, count: int, has_before: bool, count_before: int, rate_ns: int) -> float | None:
     if has_before:
         return (count - count_before) * 60 * NS / rate_ns
-    if last_ns <= first_ns:
+    if asof_ns <= first_ns:
         return None
-    return count * 60 * NS / (last_ns - first_ns)
+    return count * 60 * NS / (asof_ns - first_ns)  # younger than the window: over its whole life
 
 
 def _step_stats(store: Store, keys: list[str]) -> dict[str, tuple[float, float]]:
@@ -196,7 +202,8 @@ def snapshot(store: Store, now_ns: int, project: str | None = None, show_all: bo
     since_ns = now_ns - int(recent_s * NS)
     if not _rows(store, "SELECT count() > 0 FROM system.tables WHERE database = {name:String} AND name = 'steps'",
                  name=store.database)[0][0]:  # nothing migrated yet: no run ever reached this store
-        return WatchSnapshot(store.url, store.database, now_ns, [], False, show_all, project, recent_s)
+        return WatchSnapshot(store.url, store.database, now_ns, [], False, show_all, project, recent_s,
+                             getattr(store, "endpoint", None))
     alerts = open_alerts(store, project)
     stall_rules = {"stalled_run": "STALLED", "silent_run": "SILENT"}
     stalls: dict[str, set[str]] = {}
@@ -207,20 +214,20 @@ def snapshot(store: Store, now_ns: int, project: str | None = None, show_all: bo
     if not show_all:
         conditions.append("((project, run_id) IN (SELECT project, run_id FROM {db}.steps WHERE time_ns >= {since:Int64})"
                           " OR concat(project, '/', run_id, '/', toString(attempt)) IN {stalled:Array(String)})")
-    rows = _attempts(store, " AND ".join(conditions) or "1", rate_ns, project=project or "", since=since_ns,
+    rows = _attempts(store, " AND ".join(conditions) or "1", now_ns, rate_ns, project=project or "", since=since_ns,
                      stalled=sorted(stalls))
     latest: dict[tuple[str, str], tuple] = {}
     for r in rows:  # ordered by attempt: the last one of a run wins
         latest[(r[0], r[1])] = r
     runs = []
-    for proj, run_id, attempt, first_ns, last_ns, ended, stepped, step, count, has_before, before in latest.values():
+    for proj, run_id, attempt, first_ns, last_ns, ended, stepped, step, asof_ns, count, has_before, before in latest.values():
         key = f"{proj}/{run_id}/{attempt}"
         if not (show_all or last_ns >= since_ns or key in stalls):
             continue
         state = "ENDED" if ended else next((s for s in ("SILENT", "STALLED") if s in stalls.get(key, ())), "RUNNING")
         runs.append(RunLine(str(proj), str(run_id), int(attempt), state, int(step) if stepped else None, int(count),
-                            _rate(first_ns, last_ns, count, bool(has_before), before, rate_ns), None, None, None, 0,
-                            int(first_ns), int(last_ns)))
+                            _rate(first_ns, asof_ns, count, bool(has_before), before, rate_ns), None, None, None, 0,
+                            int(first_ns), int(last_ns), int(asof_ns)))
     keys = [r.key for r in runs]
     if runs:
         stats = _step_stats(store, keys)
@@ -228,9 +235,9 @@ def snapshot(store: Store, now_ns: int, project: str | None = None, show_all: bo
         for k, (reward, clipped) in stats.items():
             by_key[k].reward_mean, by_key[k].clipped_ratio = reward, clipped
         totals: dict[str, list[int]] = {}
-        for k, start_ns, end_ns, failures, graded in _windows(store, keys, min(r.last_ns for r in runs) - rate_ns):
+        for k, start_ns, end_ns, failures, graded in _windows(store, keys, min(r.asof_ns for r in runs) - rate_ns):
             run = by_key[k]
-            if end_ns > run.last_ns - rate_ns and start_ns <= run.last_ns:
+            if end_ns > run.asof_ns - rate_ns and start_ns <= run.asof_ns:
                 t = totals.setdefault(k, [0, 0])
                 t[0], t[1] = t[0] + int(failures), t[1] + int(graded)
         for k, (failures, graded) in totals.items():
@@ -248,7 +255,8 @@ def snapshot(store: Store, now_ns: int, project: str | None = None, show_all: bo
     if not any_runs:  # only then: is the view empty because nothing is recent, or because nothing ever ran?
         where = " WHERE project = {project:String}" if project else ""
         any_runs = bool(_rows(store, "SELECT count() > 0 FROM {db}.steps" + where, project=project or "")[0][0])
-    return WatchSnapshot(store.url, store.database, now_ns, runs, any_runs, show_all, project, recent_s)
+    return WatchSnapshot(store.url, store.database, now_ns, runs, any_runs, show_all, project, recent_s,
+                         getattr(store, "endpoint", None))
 
 
 def age(ns: int) -> str:
@@ -271,7 +279,8 @@ def header(snap: WatchSnapshot, note: str = "") -> Text:
     for r in snap.runs:
         counts[r.state] = counts.get(r.state, 0) + 1
     summary = ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
-    text = Text(f"rlpulse watch  {snap.url}  database {snap.database}  {clock}", style="bold")
+    via = f" (through the sink's read endpoint {snap.endpoint})" if snap.endpoint else ""
+    text = Text(f"rlpulse watch  {snap.url}{via}  database {snap.database}  {clock}", style="bold")
     text.append(f"\n{len(snap.runs)} runs" + (f" ({summary})" if summary else ""))
     if snap.project:
         text.append(f"  project {snap.project}")

@@ -3,10 +3,13 @@ the command's one-frame and error paths, and the live view in tmux against a sim
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -14,8 +17,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from producers.simulator import SimConfig, simulate
+from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.settings import Settings
-from sinks.clickhouse import migrate, open_store
+from schemas.topics import ensure_topics
+from sinks.clickhouse import StoreBusyError, migrate, open_reader, open_store
 from sinks.watch import WatchSnapshot, render, snapshot
 
 pytestmark = pytest.mark.integration
@@ -77,17 +83,17 @@ def seed(url: str) -> None:
         # alpha attempt 1: an older attempt, recent but superseded by attempt 2
         steps += [_step("p", "alpha", 1, 590, "RUN_START", 0, 0), _step("p", "alpha", 1, 580, "STEP", 0, 1)]
         # alpha attempt 2, RUNNING: a step every 30 s from 480 s ago (steps 0..14, count 15 at 30 s ago), a
-        # heartbeat 10 s ago. Rate window: the 300 s before the last report (10 s ago); at 310 s ago the
-        # count was 5, so 10 steps in 5 min = 2.0 a minute.
+        # heartbeat 10 s ago. Rate window: the 300 s up to now; 300 s ago the count was 6, so 9 steps in
+        # 5 min = 1.8 a minute.
         steps.append(_step("p", "alpha", 2, 480, "RUN_START", 0, 0))
         steps += [_step("p", "alpha", 2, 480 - 30 * (k + 1), "STEP", k, k + 1) for k in range(15)]
         steps.append(_step("p", "alpha", 2, 180, "STEP", 9, 10))  # a replayed event: changes nothing
         steps.append(_step("p", "alpha", 2, 10, "HEARTBEAT", 14, 15))
-        # beta, STALLED: started 125 s ago, one step, heartbeats to 5 s ago: 1 step in 2 min = 0.5 a minute
-        steps += [_step("p", "beta", 1, 125, "RUN_START", 0, 0), _step("p", "beta", 1, 100, "STEP", 0, 1),
+        # beta, STALLED: started 120 s ago, one step, heartbeats to 5 s ago: 1 step in 2 min = 0.5 a minute
+        steps += [_step("p", "beta", 1, 120, "RUN_START", 0, 0), _step("p", "beta", 1, 100, "STEP", 0, 1),
                   _step("p", "beta", 1, 60, "HEARTBEAT", 0, 1), _step("p", "beta", 1, 5, "HEARTBEAT", 0, 1)]
         # gamma, SILENT (its stall alert is open too: SILENT wins): last report 20 min ago, shown because of the
-        # open alert; 3 steps in the 5 min before its last report = 0.6 a minute
+        # open alert; no step in the last 5 min: 0.0 a minute
         steps += [_step("p", "gamma", 1, 1500, "RUN_START", 0, 0)]
         steps += [_step("p", "gamma", 1, 1400 - 100 * k, "STEP", k, k + 1) for k in range(3)]
         # delta, ENDED: 2 steps from 300 s to its RUN_END 180 s ago = 1.0 a minute
@@ -105,8 +111,8 @@ def seed(url: str) -> None:
         ])
         _insert(c, "grader_windows", [
             _window("judge", 480, 20, 20, 400),  # ended 420 s ago: before the rate window, not counted
-            _window("judge", 360, 3, 20, 290),
-            _window("format", 360, 1, 20, 290),
+            _window("judge", 350, 3, 20, 280),  # ends 290 s ago: inside the last 300 s
+            _window("format", 350, 1, 20, 280),
             _window("judge", 120, 10, 20, 55),  # re-emitted later with 4 failures
             _window("judge", 120, 4, 20, 50),
             _window("format", 120, 0, 20, 50),
@@ -153,7 +159,7 @@ def test_snapshot_figures(store_url: str) -> None:
     runs = {r.key: r for r in snap.runs}
     assert [r.key for r in snap.runs] == ["p/gamma/1", "p/beta/1", "p/alpha/2", "q/other/1", "p/delta/1"]
     alpha = runs["p/alpha/2"]
-    assert (alpha.state, alpha.step, alpha.step_count, alpha.steps_per_min) == ("RUNNING", 14, 15, 2.0)
+    assert (alpha.state, alpha.step, alpha.step_count, alpha.steps_per_min) == ("RUNNING", 14, 15, 1.8)
     assert (alpha.reward_mean, alpha.clipped_ratio, alpha.failure_rate, alpha.graded) == (0.625, 0.25, 0.1, 80)
     assert [(g.hw_id, g.host, g.index, g.utilization, g.power_w, g.sample_ns) for g in alpha.gpus] == [
         ("GPU-a1", "h1", 0, 0.9, 312.4, NOW - 20 * NS)]
@@ -162,7 +168,7 @@ def test_snapshot_figures(store_url: str) -> None:
     assert (beta.state, beta.step, beta.steps_per_min, beta.reward_mean, beta.failure_rate) == ("STALLED", 0, 0.5, None, None)
     assert [a.rule for a in beta.alerts] == ["stalled_run"] and beta.gpus == []
     gamma = runs["p/gamma/1"]
-    assert (gamma.state, gamma.step, gamma.steps_per_min) == ("SILENT", 2, 0.6)
+    assert (gamma.state, gamma.step, gamma.steps_per_min) == ("SILENT", 2, 0.0)
     assert sorted(a.rule for a in gamma.alerts) == ["silent_run", "stalled_run"]
     delta = runs["p/delta/1"]
     assert (delta.state, delta.step, delta.steps_per_min, delta.alerts) == ("ENDED", 1, 1.0, [])
@@ -184,9 +190,9 @@ def test_render_lines(store_url: str) -> None:
     with open_store(store_url, owner="test") as store:
         text = _frame(snapshot(store, NOW))
     runs = text[:text.index("GPUs")]
-    assert _line(runs, "p/alpha") == ["p/alpha", "2", "RUNNING", "14", "2.0", "0.625", "25.0%", "10.0%", "1", "2", "10s"]
+    assert _line(runs, "p/alpha") == ["p/alpha", "2", "RUNNING", "14", "1.8", "0.625", "25.0%", "10.0%", "1", "2", "10s"]
     assert _line(runs, "p/beta") == ["p/beta", "1", "STALLED", "0", "0.5", "-", "-", "-", "0", "1", "5s"]
-    assert _line(runs, "p/gamma") == ["p/gamma", "1", "SILENT", "2", "0.6", "-", "-", "-", "0", "2", "20m00s"]
+    assert _line(runs, "p/gamma") == ["p/gamma", "1", "SILENT", "2", "0.0", "-", "-", "-", "0", "2", "20m00s"]
     assert _line(runs, "p/delta") == ["p/delta", "1", "ENDED", "1", "1.0", "-", "-", "-", "0", "0", "3m00s"]
     assert "5 runs (1 silent, 1 stalled, 2 running, 1 ended)" in text
     gpus = text[text.index("GPUs"):text.index("Open alerts")]
@@ -217,5 +223,192 @@ def test_cli_once_and_errors(store_url: str, tmp_path: Path) -> None:
     assert empty.returncode == 0 and "no runs yet in rlpulse — start a job or `rlpulse demo`" in empty.stdout, empty
     down = _cli("--once", "--clickhouse-url", "http://u:secret@127.0.0.1:9/rlpulse")
     assert down.returncode == 1
-    assert down.stderr.strip().splitlines() == [
-        "rlpulse watch: cannot connect to ClickHouse at http://u:***@127.0.0.1:9/rlpulse: OperationalError"]
+    lines = down.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "rlpulse watch: cannot connect to ClickHouse at http://u:***@127.0.0.1:9/rlpulse: "), down.stderr
+    assert "secret" not in down.stderr
+
+
+# --- the live view in a terminal: tmux, a simulated pipeline ---------------------------------------
+
+TMUX = shutil.which("tmux")
+PROJECT = "w"
+
+
+class TmuxWatch:
+    """``rlpulse watch`` in a detached tmux session of 160x40 on a tmux server of its own (its own
+    socket), so the test never touches anyone else's sessions; ``close`` ends that server."""
+
+    def __init__(self, settings: Settings, *args: str):
+        self.socket = f"rlpulse-watch-{uuid.uuid4().hex[:8]}"
+        env = {k: v for k, v in settings_env(settings).items() if k.startswith("RLPULSE_")}
+        env["PYTHONPATH"] = str(REPO)
+        watch = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "rlpulse.cli", "watch", *args))
+        assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+        # COLUMNS and LINES (pytest's environment has 80x24) would override the terminal's size;
+        # after watch exits, its status stays on the screen for the test to read
+        self.command = (f"cd {shlex.quote(str(REPO))} && env -u COLUMNS -u LINES {assigns} {watch}; "
+                        "echo watch exited $?; sleep 600")
+
+    def _tmux(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([TMUX, "-L", self.socket, *args], capture_output=True, text=True, timeout=30)
+
+    def start(self) -> None:
+        done = self._tmux("new-session", "-d", "-x", "160", "-y", "40", "-s", "watch", self.command)
+        assert done.returncode == 0, done.stderr
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-t", "watch").stdout
+
+    def wait_for(self, ready, timeout: float = 60.0, what: str = "") -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.screen()
+            if ready(text):
+                return text
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the screen never showed {what} in {timeout:.0f}s; last screen:\n{text}")
+            time.sleep(0.3)
+
+    def interrupt(self) -> None:
+        self._tmux("send-keys", "-t", "watch", "C-c")
+
+    def close(self) -> None:
+        self._tmux("kill-server")
+
+
+def _runs_part(screen: str) -> str:
+    return screen[:screen.index("GPUs")] if "GPUs" in screen else screen
+
+
+def _shows(*runs: tuple[str, str]):
+    """A screen predicate: each (run, state) has its line."""
+    def ready(screen: str) -> bool:
+        lines = [ln.split() for ln in _runs_part(screen).splitlines()]
+        return all(any(ln[:1] == [f"{PROJECT}/{PROJECT}-{run}"] and ln[2:3] == [state] for ln in lines) for run, state in runs)
+    return ready
+
+
+def _pipeline_settings(settings: Settings) -> Settings:
+    # heartbeats every second: a stalled run still reports, so it stalls (3 s) before it goes silent (6 s)
+    return dataclasses.replace(settings, stall_after=3.0, silent_after=6.0, heartbeat_interval=1.0)
+
+
+SIM = SimConfig(project=PROJECT, runs=2, steps=3, rollouts_per_step=8, stall_s=6.0, silent_run=True, gpu=True)
+
+
+def _check_final_screen(screen: str, truth) -> None:
+    """Both simulated runs ended at step 2 (the second after its stall), the silent run is SILENT at step 0;
+    each run's failure rate is what the simulator sent, its clipped ratio that of its last step; every
+    run's GPU shows its last sample (90 %, 300 W + 10 W a step)."""
+    runs = _runs_part(screen)
+    for r in (1, 2):
+        run = f"{PROJECT}-run{r}"
+        line = _line(runs, f"{PROJECT}/{run}")
+        graded = sum(n for (rid, _t), n in truth.graded.items() if rid == run)
+        failed = sum(n for (rid, _t, _c), n in truth.failures.items() if rid == run)
+        assert line[1:4] == ["1", "ENDED", "2"], line
+        assert line[6:9] == [f"{truth.clipped[(run, 2)] / SIM.rollouts_per_step:.1%}", f"{failed / graded:.1%}", "1"], line
+    silent = _line(runs, f"{PROJECT}/{PROJECT}-silent")
+    assert silent[1:4] == ["1", "SILENT", "0"], silent
+    gpus = screen[screen.index("GPUs"):]
+    for r in (1, 2):
+        gpu = _line(gpus, f"{PROJECT}/{PROJECT}-run{r}")
+        assert gpu[1:6] == [f"GPU-sim-{PROJECT}-run{r}", "sim-host", "#0", "90%", "320"], gpu
+    alerts = [ln.split()[:2] for ln in screen[screen.index("Open alerts"):].splitlines()]
+    assert ["silent_run", f"{PROJECT}/{PROJECT}-silent/1"] in alerts, alerts
+    assert "Traceback" not in screen
+
+
+def _quit(tmux: TmuxWatch) -> None:
+    tmux.interrupt()
+    screen = tmux.wait_for(lambda s: "watch exited" in s, 30, "the exit status")
+    assert "watch exited 0" in screen and "Traceback" not in screen, screen
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install tmux)")
+def test_watch_in_tmux_after_the_pipeline(settings: Settings, artifacts_dir: Path) -> None:
+    """The store no one holds (the pipeline ran and stopped): the view shows the runs, then refreshes with
+    a run written meanwhile, and quits on Ctrl-C with status 0."""
+    settings = _pipeline_settings(settings)
+    ensure_topics(settings)
+    with Pipeline(settings) as pipeline:
+        pipeline.start()
+        wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
+        truth = simulate(settings, SIM)
+        pipeline.wait_caught_up(time.time_ns() + int((settings.silent_after + 2) * NS))
+        pipeline.stop()
+    tmux = TmuxWatch(settings, "--interval", "1s")
+    try:
+        tmux.start()
+        screen = tmux.wait_for(_shows(("run1", "ENDED"), ("run2", "ENDED"), ("silent", "SILENT")), 60, "the runs")
+        (artifacts_dir / "screen.txt").write_text(screen)
+        _check_final_screen(screen, truth)
+        assert "read endpoint" not in screen  # the store was free: opened directly
+        # a new run written while watch runs: it must not hold the store between refreshes
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with open_store(settings.clickhouse_dsn, owner="test") as store:
+                    store.client.insert(f"{store.database}.steps", [
+                        [PROJECT, f"{PROJECT}-late", 1, "train", time.time_ns() - 2 * NS, "RUN_START", "rl", 0, 0, "w9", 1],
+                        [PROJECT, f"{PROJECT}-late", 1, "train", time.time_ns(), "STEP", "rl", 0, 1, "w9", 2]],
+                        column_names=["project", "run_id", "attempt", "stage", "time_ns", "type", "trainer", "step",
+                                      "step_count", "writer_id", "sequence_id"])
+                break
+            except StoreBusyError:  # watch is reading this instant
+                assert time.monotonic() < deadline, "watch held the store for 30 s"
+                time.sleep(0.1)
+        tmux.wait_for(_shows(("late", "RUNNING")), 30, "the run written meanwhile")
+        _quit(tmux)
+    finally:
+        tmux.close()
+
+
+@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install tmux)")
+def test_watch_in_tmux_live_sink(settings: Settings, artifacts_dir: Path) -> None:
+    """LIVE STORE CASE: watch while the sink holds the chDB store, through the sink's read endpoint
+    (open_reader). It skips itself while open_reader cannot reach a held store yet (issue 10's
+    read endpoint); once it can, it runs: the stalled run is seen STALLED live, then the end state."""
+    settings = _pipeline_settings(settings)
+    ensure_topics(settings)
+    tmux = TmuxWatch(settings, "--interval", "1s")
+    with Pipeline(settings) as pipeline:
+        try:
+            pipeline.start()
+            wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
+            try:
+                open_reader(settings.clickhouse_dsn, owner="test").close()
+            except StoreBusyError as exc:
+                if not settings.clickhouse_dsn.startswith("chdb:"):
+                    raise
+                pytest.skip(f"open_reader cannot read a chDB store the sink holds yet (read endpoint): {exc}")
+            tmux.start()
+            tmux.wait_for(lambda s: "no runs yet in" in s, 60, "the empty store's message")
+            seen: list[str] = []
+            stop = threading.Event()
+
+            def record() -> None:
+                while not stop.is_set():
+                    seen.append(tmux.screen())
+                    time.sleep(0.3)
+
+            recorder = threading.Thread(target=record, daemon=True)
+            recorder.start()
+            try:
+                truth = simulate(settings, SIM)
+                screen = tmux.wait_for(_shows(("run1", "ENDED"), ("run2", "ENDED"), ("silent", "SILENT")), 90,
+                                       "the runs' end state")
+            finally:
+                stop.set()
+                recorder.join()
+            (artifacts_dir / "screen.txt").write_text(screen)
+            stalled = [s for s in seen if _shows(("run2", "STALLED"))(s)]
+            assert stalled, "run2 was never seen STALLED"
+            (artifacts_dir / "screen-stalled.txt").write_text(stalled[0])
+            _check_final_screen(screen, truth)
+            if settings.clickhouse_dsn.startswith("chdb:"):
+                assert "(through the sink's read endpoint http://127.0.0.1:" in screen.replace("\n", ""), screen
+            _quit(tmux)
+        finally:
+            tmux.close()
