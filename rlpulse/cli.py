@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from rlpulse.settings import Settings
@@ -92,6 +93,10 @@ def cmd_query(args: argparse.Namespace) -> int:
             print(f"rlpulse query: {exc}", file=sys.stderr)
             return 1
         except queries.QueryError as exc:
+            if exc.code == "UNKNOWN_DATABASE":
+                from sinks.clickhouse import require_database
+
+                require_database(store)  # an empty store: say so, and what fills it
             print(f"rlpulse query: ClickHouse refused the query: {exc}", file=sys.stderr)
             return 1
     sys.stdout.write(queries.render(columns, rows, args.format))
@@ -199,6 +204,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ValueError(f"--step must be 0 or more, got {args.step}")
     settings = _settings(args)
     with open_reader(settings.clickhouse_dsn, owner="rlpulse report") as store:
+        _require_rows(store, args.run if args.html else None, args.project)
         if args.html:
             from sinks.html_report import write_report
 
@@ -207,6 +213,22 @@ def cmd_report(args: argparse.Namespace) -> int:
         else:
             print_report(store, project=args.project)
     return 0
+
+
+def _require_rows(store, run: str | None, project: str | None) -> None:
+    """NoDataError, naming what there is instead, when the store is empty or has no rows of ``run``/``project``."""
+    from sinks.clickhouse import NoDataError, no_data, require_database
+    from sinks.html_report import latest_attempt
+    from sinks.report import has_rows, latest_names, stored_rows
+
+    require_database(store)
+    if not stored_rows(store):
+        raise no_data(store, "its tables are empty")
+    if run is not None and latest_attempt(store, run) is None:
+        raise NoDataError(f"no rows name run {run!r} in {store.url}. Latest runs: {', '.join(latest_names(store, 'run_id'))}")
+    if project is not None and not has_rows(store, "project", project):
+        raise NoDataError(f"no rows of project {project!r} in {store.url}. "
+                          f"Latest projects: {', '.join(latest_names(store, 'project'))}")
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -410,16 +432,53 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "verbose", False):
         logging.getLogger("aiokafka").setLevel(logging.WARNING)  # its INFO lines are for debugging
     try:
+        if args.command in _NEEDS_BROKER:  # fail at once, in one line, rather than in a client's retries
+            from rlpulse import services
+
+            services.require_broker(_settings(args))
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `rlpulse query ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
+    except KeyboardInterrupt:
+        print(f"rlpulse {args.command}: interrupted", file=sys.stderr)
+        return 130
     except ValueError as exc:  # bad settings or arguments: one clear line, no traceback
         print(f"rlpulse {args.command}: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
-    except (RuntimeError, ConnectionError, TimeoutError) as exc:
-        # Known operational failures (store busy, broker unreachable, pipeline stuck): one line.
-        print(f"rlpulse {args.command}: {exc}", file=sys.stderr)
+    except Exception as exc:
+        # Known operational failures (store busy, no data, broker unreachable, pipeline stuck): one
+        # line. Anything else is a bug and keeps its traceback.
+        message = _known_failure(exc, args)
+        if message is None:
+            raise
+        print(f"rlpulse {args.command}: {message}", file=sys.stderr)
         return 1
+
+
+# Commands that cannot do anything without the broker (`demo` and `bench` start it themselves;
+# the GPU poller's SDK buffers and retries while it is away).
+_NEEDS_BROKER = {"simulate", "streams", "sink", "dlq", "alerts"}
+
+
+def _known_failure(exc: Exception, args: argparse.Namespace) -> str | None:
+    """The one-line message for an expected failure; None for anything else."""
+    kind = type(exc).__module__
+    if kind.startswith("aiokafka") and type(exc).__name__ in ("KafkaConnectionError", "NoBrokersAvailable"):
+        try:
+            bootstrap = _settings(args).kafka_bootstrap
+        except ValueError:
+            bootstrap = "the bootstrap servers"
+        return (f"lost the Kafka broker at {bootstrap} ({exc}). Check it with `rlpulse services status`; "
+                "start the local one with `rlpulse services up`")
+    if kind.startswith(("clickhouse_connect", "chdb")):
+        from sinks.queries import _one_line
+
+        return f"ClickHouse failed: {_one_line(exc, limit=300)}"
+    if isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)) or (
+            isinstance(exc, OSError) and exc.filename is not None):  # a path that cannot be read or written
+        return str(exc)
+    return None
 
 
 if __name__ == "__main__":

@@ -71,12 +71,14 @@ def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def broker_answers(bootstrap: str, timeout: float = 5.0) -> bool:
-    """True if a Kafka broker at ``bootstrap`` answers a metadata request within ``timeout`` seconds."""
+def broker_answers(bootstrap: str, timeout: float = 5.0, **client_kwargs: object) -> bool:
+    """True if a Kafka broker at ``bootstrap`` answers a metadata request within ``timeout`` seconds.
+
+    ``client_kwargs``: security settings (``Settings.kafka_client_kwargs()`` less the bootstrap)."""
     from aiokafka.client import AIOKafkaClient
 
     async def probe() -> bool:
-        client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+        client = AIOKafkaClient(**{**client_kwargs, "bootstrap_servers": bootstrap}, request_timeout_ms=int(timeout * 1000))
         try:
             await asyncio.wait_for(client.bootstrap(), timeout)
             return bool(client.cluster.brokers())
@@ -341,6 +343,15 @@ def status(settings: Settings) -> bool:
     elif not answers:
         _say("start it with `rlpulse services up` (or `make services-up`)")
     return pid is not None and answers
+
+
+def require_broker(settings: Settings, timeout: float = 10.0) -> None:
+    """ServicesError, with what to do, unless a Kafka broker answers at the settings' bootstrap."""
+    kwargs = {k: v for k, v in settings.kafka_client_kwargs().items() if k != "bootstrap_servers"}
+    if not broker_answers(settings.kafka_bootstrap, timeout, **kwargs):
+        raise ServicesError(f"no Kafka broker answers at {settings.kafka_bootstrap}. Start the local one with "
+                            "`rlpulse services up` (or `make services-up`), or point --bootstrap / "
+                            "RLPULSE_KAFKA_BOOTSTRAP at yours")
 
 
 def main(settings: Settings, action: str) -> int:

@@ -6,7 +6,9 @@ exclusive lock file in it and a second process gets a clear error naming the hol
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -22,6 +24,54 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class StoreBusyError(RuntimeError):
     """The chDB store is open in another process."""
+
+
+class NoDataError(RuntimeError):
+    """The store has none of the data asked for (no rlpulse database yet, no rows of a run)."""
+
+
+def no_data(store: "Store", why: str) -> NoDataError:
+    """The error for a store nothing was written to yet, with what fills one."""
+    return NoDataError(f"{store.url} has no data yet ({why}). Run `rlpulse demo`, or the pipeline (`rlpulse streams`, "
+                       "`rlpulse sink`); or set RLPULSE_HOME / RLPULSE_CLICKHOUSE_URL to the store that has your data")
+
+
+def require_database(store: "Store") -> None:
+    """NoDataError unless the store has the pipeline's database (an empty store has none until a sink or migrate ran)."""
+    found = store.client.query("SELECT count() FROM system.databases WHERE name = {db:String}",
+                               parameters={"db": store.database}).result_rows[0][0]
+    if not found:
+        raise no_data(store, f"no database {store.database}")
+
+
+@contextlib.contextmanager
+def _quiet(*loggers: str):
+    """Silence the driver's own warnings for a failure this module reports in one line itself."""
+    saved = [(logging.getLogger(name), logging.getLogger(name).level) for name in loggers]
+    for logger, _ in saved:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in saved:
+            logger.setLevel(level)
+
+
+def _connect_reason(exc: BaseException) -> str:
+    """Why a connection to a server failed, in words, without the URL (the driver's text may carry it)."""
+    text = str(exc)
+    if "Connection refused" in text:
+        return "connection refused (is the server running, on that host and port?)"
+    if "Name or service not known" in text or "Failed to resolve" in text or "nodename nor servname" in text:
+        return "unknown host"
+    if "AUTHENTICATION_FAILED" in text or "Authentication failed" in text or re.search(r"status 40[13]\b", text):
+        return "authentication failed (check the user and password)"
+    if "timed out" in text.lower() or "Timeout" in text:
+        return "no answer (timed out)"
+    status = re.search(r"HTTP status (\d+)", text)
+    if status:
+        return f"HTTP status {status.group(1)} (is that a ClickHouse server's HTTP port?)"
+    return type(exc).__name__
 
 
 @dataclass
@@ -91,10 +141,12 @@ def open_store(dsn: str, owner: str = "rlpulse", database: str | None = None) ->
     if parts.scheme in ("http", "https", "clickhouse"):
         db = database or parts.path.strip("/") or "rlpulse"
         try:
-            client = clickhouse_connect.get_client(dsn=urlunsplit(parts._replace(path="/default")))
+            with _quiet("clickhouse_connect", "urllib3"):
+                client = clickhouse_connect.get_client(dsn=urlunsplit(parts._replace(path="/default")))
         except Exception as exc:
             # The driver's message can carry the URL; re-raise with the password masked.
-            raise ConnectionError(f"cannot connect to ClickHouse at {mask_url(dsn)}: {type(exc).__name__}") from None
+            raise ConnectionError(f"cannot connect to ClickHouse at {mask_url(dsn)}: {_connect_reason(exc)}. Check "
+                                  "RLPULSE_CLICKHOUSE_URL (or --clickhouse-url)") from None
         return Store(client=client, database=db, url=mask_url(dsn))
     raise ValueError(f"RLPULSE_CLICKHOUSE_URL: unsupported scheme {parts.scheme!r}; use chdb:///path or http://user:pass@host:8123/db")
 

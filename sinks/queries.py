@@ -35,7 +35,22 @@ class ReadOnlyError(RuntimeError):
 
 
 class QueryError(RuntimeError):
-    """ClickHouse rejected the query (syntax, unknown table, bad parameter value, ...)."""
+    """ClickHouse rejected the query (syntax, unknown table, bad parameter value, ...).
+
+    ``code`` is ClickHouse's error name (``SYNTAX_ERROR``, ``UNKNOWN_DATABASE``, ...) or ''."""
+
+    def __init__(self, reason: str, code: str = ""):
+        super().__init__(reason)
+        self.code = code
+
+
+class ParamError(QueryError):
+    """A ``--param`` value ClickHouse cannot parse as the type its placeholder declares."""
+
+
+# Examples of a value per placeholder type, for the message that says a --param did not parse.
+_EXAMPLES = (("DateTime", "'2026-01-31 12:00:00'"), ("Date", "2026-01-31"), ("Float", "0.5"), ("Decimal", "0.5"),
+             ("UInt", "1"), ("Int", "-1"), ("Bool", "true"), ("UUID", "00000000-0000-0000-0000-000000000000"))
 
 
 def list_saved() -> dict[str, str]:
@@ -86,7 +101,15 @@ def saved_sql(name: str, params: Mapping[str, str], database: str) -> str:
 
 
 def run_query(client: Any, sql: str, params: Mapping[str, str] | None = None) -> tuple[list[str], list[tuple]]:
-    """Run ``sql`` read-only on ``client`` (use that client for nothing else afterwards)."""
+    """Run ``sql`` read-only on ``client`` (use that client for nothing else afterwards).
+
+    ValueError when a ``{name:Type}`` placeholder has no value; ParamError when ClickHouse cannot
+    parse a value as its type; ReadOnlyError for a write; QueryError (one line, ClickHouse's own
+    reason without the echoed query or the list of expected tokens) for anything else it refuses.
+    """
+    missing = [f"{n} ({t})" for n, t in placeholders(sql).items() if n not in (params or {})]
+    if missing:
+        raise ValueError(f"the query needs --param NAME=VALUE for: {', '.join(missing)}")
     try:
         result = client.query(sql, parameters=dict(params or {}), settings={"readonly": 1})
     except Exception as exc:
@@ -94,7 +117,7 @@ def run_query(client: Any, sql: str, params: Mapping[str, str] | None = None) ->
             reason = _one_line(exc)
             if "READONLY" in reason or "readonly mode" in reason or re.search(r"\bCode: 164\b", reason):
                 raise ReadOnlyError(f"refused: queries run read-only (readonly=1): {reason}") from None
-            raise QueryError(reason) from None
+            raise _refusal(_one_line(exc, limit=None), sql, params or {}) from None
         raise
     columns, rows = list(result.column_names), [tuple(r) for r in result.result_rows]
     if not columns and not rows:
@@ -112,11 +135,48 @@ def _columns_of(client: Any, sql: str, params: Mapping[str, str] | None) -> list
     return [row[0] for row in described.result_rows]
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException, limit: int | None = 600) -> str:
     text = str(exc)
+    # Over HTTP the driver puts its own line first ("HTTPDriver for http://… received ClickHouse
+    # error code 62"): ClickHouse's message starts at its "Code: NN." line.
+    start = text.find("Code: ")
+    text = text[start:] if start > 0 else text
     # A server's message may go on with "(version ...)" and a stack trace: keep what comes before.
     text = " ".join(text.split(" (version ")[0].split())
-    return text if len(text) <= 600 else text[:597] + "..."
+    text = re.sub(r"\s*\(for url [^)]*\)$", "", text)  # the HTTP driver's suffix: where, not why
+    return text if limit is None or len(text) <= limit else text[:limit - 3] + "..."
+
+
+_CODE_NAME = re.compile(r"\(([A-Z][A-Z0-9_]+)\)\s*$")
+_BAD_VALUE = re.compile(r"(?:Value )?(.*?) cannot be parsed as (.+?) for query parameter '([A-Za-z0-9_]+)'")
+_SYNTAX = re.compile(r"Syntax error(?: \([^)]*\))?: failed at position (\d+)(?: \([^)]*\))?(?: \(line (\d+), col (\d+)\))?")
+
+
+def _refusal(reason: str, sql: str, params: Mapping[str, str]) -> QueryError:
+    """ClickHouse's refusal as one short line: its reason, without the "Code: NN. DB::Exception:"
+    prefix, the query it echoes back ("In scope SELECT …") or the tokens it expected."""
+    name = _CODE_NAME.search(reason)
+    code = name.group(1) if name else ""
+    text = re.sub(r"^Code: \d+\. DB::Exception: ", "", reason)
+    text = _CODE_NAME.sub("", text).strip()
+    bad = _BAD_VALUE.search(text)
+    if bad and bad.group(3) in params:
+        param, type_ = bad.group(3), bad.group(2)
+        example = next((e for prefix, e in _EXAMPLES if type_.removeprefix("Nullable(").startswith(prefix)), None)
+        hint = f"; give a {type_}" + (f", e.g. --param {param}={example}" if example else "")
+        return ParamError(f"--param {param}={params[param]} is not a valid {type_}{hint}", code)
+    syntax = _SYNTAX.search(text)
+    if syntax:
+        at = int(syntax.group(1)) - 1  # ClickHouse counts from 1
+        where = f"line {syntax.group(2)}, col {syntax.group(3)}" if syntax.group(2) else f"position {at + 1}"
+        # past the end of the user's SQL: the driver's appended SETTINGS/FORMAT is where it failed
+        text = ("syntax error: the query ends too early" if at >= len(sql.rstrip().rstrip(";"))
+                else f"syntax error at {where}, near {sql[at:].splitlines()[0][:30]!r}")
+    else:
+        text = re.split(r"\s*In scope |\s*Expected one of:", text)[0].rstrip(". ")
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return QueryError(f"{text} ({code})" if code else text, code)
 
 
 def _plain(v: Any) -> Any:

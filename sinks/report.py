@@ -96,3 +96,32 @@ def print_report(store: Store, project: str | None = None) -> None:
         print_histogram(bounds, counts)
     print(f"\n== alerts ({scope}) ==")
     print_table(*alerts(store, project))
+
+
+def stored_rows(store: Store) -> int:
+    """Rows in the database's tables, from the parts' metadata (no scan): 0 for a store nothing reached yet."""
+    rows = store.client.query("SELECT sum(total_rows) FROM system.tables WHERE database = {db:String} "
+                              "AND name != 'schema_migrations'", parameters={"db": store.database}).result_rows
+    return int(rows[0][0] or 0) if rows else 0
+
+
+def _names(store: Store, column: str) -> str:
+    if column not in ("project", "run_id"):
+        raise ValueError(f"column must be project or run_id, not {column!r}")
+    return (f"(SELECT project, run_id, time_ns AS t FROM {store.database}.steps "
+            f"UNION ALL SELECT project, run_id, start_time_ns AS t FROM {store.database}.spans)")
+
+
+def has_rows(store: Store, column: str, value: str) -> bool:
+    """True if steps or spans have a row whose ``column`` (project or run_id) is ``value``."""
+    rows = store.client.query(f"SELECT count() FROM {_names(store, column)} WHERE {column} = {{v:String}}",
+                              parameters={"v": value}).result_rows
+    return bool(rows[0][0])
+
+
+def latest_names(store: Store, column: str, limit: int = 5) -> list[str]:
+    """The ``limit`` projects (``column="project"``) or runs (``"run_id"``) with the latest steps or spans,
+    latest first: what an error about an unknown name can offer instead."""
+    rows = store.client.query(f"SELECT {column} FROM {_names(store, column)} GROUP BY {column} "
+                              f"ORDER BY max(t) DESC LIMIT {int(limit)}").result_rows
+    return [r[0] for r in rows]
