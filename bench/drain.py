@@ -23,6 +23,7 @@ from bench.monitor import EventIndex, OffsetSample, OffsetWatcher, RssSampler, p
 from bench.stats import weighted_percentile
 from bench.workload import LiveRuns, Message
 from rlpulse.pipeline import Pipeline
+from rlpulse.progress import Ticker
 from rlpulse.settings import Settings
 from schemas.catalogue import DERIVED_TOPICS, RAW_TOPICS, SINK_TOPICS
 from schemas.codec import Codec
@@ -215,7 +216,8 @@ async def measure_latency(settings: Settings, codec: Codec, live: LiveRuns, rate
         stop.set()
         progress(f"latency: sent {sent_events:,} span events at {achieved:,.0f}/s; waiting for the sink's commits")
         try:
-            await asyncio.wait_for(asyncio.shield(watcher), settle_s)
+            with Ticker("latency: waiting for the sink's commits", say=progress, every=10):
+                await asyncio.wait_for(asyncio.shield(watcher), settle_s)
         except asyncio.TimeoutError:
             pass
     finally:

@@ -32,6 +32,7 @@ from bench.monitor import EventIndex
 from bench.stats import median
 from bench.workload import LiveRuns, Message, Truth, WorkloadConfig, messages
 from rlpulse.pipeline import Pipeline
+from rlpulse.progress import Ticker
 from rlpulse.settings import Settings
 from schemas.codec import Codec
 from schemas.topics import ensure_topics
@@ -257,7 +258,8 @@ def _repetition(base: Settings, config: E2EConfig, results: Path, rep: int, last
         finally:
             pipeline.stop()
         if figures.get("drain_complete"):
-            figures.update(check_exact(settings, truth, config.workload.project))
+            with Ticker("exact: comparing ClickHouse with the truth", say=progress, every=10):
+                figures.update(check_exact(settings, truth, config.workload.project))
             progress(f"exact: {figures['e2e_exact']} {figures['exact_checks']}")
         else:
             figures["e2e_exact"] = False
@@ -286,8 +288,9 @@ def _ceilings(base: Settings, settings: Settings, config: E2EConfig, out: dict[s
     try:
         progress(f"ceilings: ConsumerPerformance x{config.consumer_reps} on {settings.topic('spans')}")
         libs = kafka_perf.tools_libs(base)  # the broker's jars, under the real RLPULSE_HOME
-        consumer_runs += [kafka_perf.consumer_perf(settings, libs, settings.topic("spans"), out["span_messages"])
-                          for _ in range(config.consumer_reps)]
+        with Ticker("ceilings: ConsumerPerformance running", say=progress, every=10):
+            consumer_runs += [kafka_perf.consumer_perf(settings, libs, settings.topic("spans"), out["span_messages"])
+                              for _ in range(config.consumer_reps)]
     except Exception as exc:
         out["errors"]["consumer_ceiling"] = f"{type(exc).__name__}: {exc}"
     if not with_producer:
@@ -297,7 +300,9 @@ def _ceilings(base: Settings, settings: Settings, config: E2EConfig, out: dict[s
         asyncio.run(_create_topic(settings, perf_topic))
         progress(f"ceilings: ProducerPerformance x{config.ceiling_reps} on {perf_topic}, "
                  f"{out['span_container_bytes_mean']:.0f}-byte records")
-        out.update(kafka_perf.producer_ceiling(settings, kafka_perf.tools_libs(base), perf_topic, round(out["span_container_bytes_mean"]),
-                                               out["span_records_per_message"], config.ceiling_reps))
+        with Ticker("ceilings: ProducerPerformance running", say=progress, every=10):
+            out.update(kafka_perf.producer_ceiling(settings, kafka_perf.tools_libs(base), perf_topic,
+                                                   round(out["span_container_bytes_mean"]), out["span_records_per_message"],
+                                                   config.ceiling_reps))
     except Exception as exc:
         out["errors"]["producer_ceiling"] = f"{type(exc).__name__}: {exc}"

@@ -35,6 +35,7 @@ from bench.options import REPS, add_arguments  # noqa: E402
 from bench.stats import ratio  # noqa: E402
 from bench.workload import WorkloadConfig  # noqa: E402
 from rlpulse import services  # noqa: E402
+from rlpulse.progress import Ticker  # noqa: E402
 from rlpulse.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -80,7 +81,8 @@ def sdk_figures(settings: Settings) -> dict[str, Any]:
                        ("sdk_to_kafka", lambda: sdk.measure_sdk_to_kafka(settings, repetitions=REPS))):
         try:
             _say(f"sdk: {name} ...")
-            out.update(call())
+            with Ticker(f"sdk: {name} running", say=_say, every=10):
+                out.update(call())
         except Exception as exc:
             out.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
             _say(traceback.format_exc(limit=4))

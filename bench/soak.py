@@ -44,6 +44,7 @@ from bench.monitor import OffsetWatcher, process_tree  # noqa: E402
 from bench.workload import LiveRuns, Message, Truth, WorkloadConfig  # noqa: E402
 from rlpulse import services  # noqa: E402
 from rlpulse.pipeline import Pipeline, wait_groups_ready  # noqa: E402
+from rlpulse.progress import Ticker  # noqa: E402
 from rlpulse.settings import Settings  # noqa: E402
 from schemas.catalogue import SINK_TOPICS  # noqa: E402
 from schemas.codec import Codec  # noqa: E402
@@ -239,7 +240,8 @@ def run_soak(base: Settings, config: SoakConfig, progress: Progress) -> dict[str
         ensure_topics(settings)
         with Pipeline(settings, log_dir=log_dir) as pipeline:
             pipeline.start()
-            wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
+            with Ticker("soak: waiting for the streams and the sink to join their consumer groups", say=progress, every=10):
+                wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
             progress(f"soak: {config.minutes:g} min at {rate:,.0f} span events/s ({rate_basis}), "
                      f"{config.runs} live runs, warm-up {config.warmup_s:.0f}s; logs in {log_dir}")
             started = time.monotonic()
@@ -247,8 +249,9 @@ def run_soak(base: Settings, config: SoakConfig, progress: Progress) -> dict[str
             result["achieved_events_per_s"] = round(samples[-1]["events"] / samples[-1]["t"]) if samples else None
             progress("soak: load ended; waiting for the pipeline to catch up")
             caught = time.monotonic()
-            pipeline.wait_caught_up(time.time_ns() + int((settings.window + settings.allowed_lateness + 3) * 1e9),
-                                    timeout=600)
+            with Ticker("soak: waiting for the pipeline to catch up", say=progress, every=10) as ticker:
+                pipeline.wait_caught_up(time.time_ns() + int((settings.window + settings.allowed_lateness + 3) * 1e9),
+                                        timeout=600, progress=lambda line: ticker.update(f"soak: {line}"))
             result["catch_up_after_load_s"] = round(time.monotonic() - caught, 1)
             result["seconds"] = round(time.monotonic() - started, 1)
             pipeline.stop()
@@ -256,7 +259,8 @@ def run_soak(base: Settings, config: SoakConfig, progress: Progress) -> dict[str
         result["truth"] = truth.summary()
         if config.exact:
             progress("soak: comparing ClickHouse with the truth")
-            result.update(check_exact(settings, truth, "soak"))
+            with Ticker("soak: comparing ClickHouse with the truth", say=progress, every=10):
+                result.update(check_exact(settings, truth, "soak"))
             result["checks"]["exact"] = result["e2e_exact"]
         result["samples"] = samples
     except Exception as exc:  # the figures measured so far still go to soak.json, with the reason

@@ -7,6 +7,7 @@ import time
 
 from rlpulse import services
 from rlpulse.pipeline import Pipeline, wait_groups_ready
+from rlpulse.progress import Ticker
 from rlpulse.settings import Settings
 from schemas.topics import ensure_topics
 
@@ -31,12 +32,14 @@ def run_demo(settings: Settings) -> int:
     _say(f"local services: Kafka at {settings.kafka_bootstrap}")
     if services.main(settings, "up") != 0:
         return 1
+    open_store(settings.clickhouse_dsn, owner="rlpulse demo").close()  # a held store fails here, not in the sink's log
     ensure_topics(settings)
     project = time.strftime("demo-%Y%m%d-%H%M%S")
     with Pipeline(settings) as pipeline:
         _say(f"starting the streams worker and the sink (logs in {pipeline.log_dir})")
         pipeline.start()
-        wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
+        with Ticker("waiting for the streams worker and the sink to join their consumer groups", say=_say):
+            wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         _say(f"simulating 3 training runs of project {project} through the SDK")
         config = SimConfig(project=project, runs=3, steps=4, rollouts_per_step=8, stall_s=DEMO_STALL_AFTER_S + 3,
                            gpu=True)
@@ -45,7 +48,8 @@ def run_demo(settings: Settings) -> int:
         last_close = (time.time_ns() // int(DEMO_WINDOW_S * 1e9) + 1) * int(DEMO_WINDOW_S * 1e9) + int((DEMO_LATENESS_S + 3) * 1e9)
         _say(f"published {truth.spans} spans, {truth.step_events} step events and {truth.gpu_samples} GPU samples; waiting for the last "
              f"{DEMO_WINDOW_S:.0f}s window to close and the sink to catch up")
-        pipeline.wait_caught_up(last_close, progress=_say)
+        with Ticker("waiting for the last window to close and the sink to catch up", say=_say) as ticker:
+            pipeline.wait_caught_up(last_close, progress=lambda line: (_say(line), ticker.update(line)))
         _say("caught up; stopping the sink and the streams")
         pipeline.stop()
     with open_store(settings.clickhouse_dsn, owner="rlpulse demo") as store:
