@@ -391,7 +391,8 @@ def watch(dsn: str, opener: Callable[[str], Store], interval_s: float = 2.0, pro
                     snap = reader.read(take)
                     live.update(render(snap, note), refresh=True)
                 except Exception as exc:  # a server restart, a busy store: say so and retry
-                    error = f"cannot read {snap.url} ({type(exc).__name__}: {str(exc)[:200]}); retrying"
+                    reason = str(exc) if len(str(exc)) <= 500 else str(exc)[:500] + "…"
+                    error = f"cannot read {snap.url} ({type(exc).__name__}: {reason}); retrying"
                     live.update(render(snap, note, error=error), refresh=True)
     except KeyboardInterrupt:
         return 0

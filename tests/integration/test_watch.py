@@ -3,6 +3,7 @@ the command's one-frame and error paths, and the live view in tmux against a sim
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shlex
@@ -320,6 +321,22 @@ def _check_final_screen(screen: str, truth) -> None:
     assert "Traceback" not in screen
 
 
+@contextlib.contextmanager
+def _hold(dsn: str):
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            store = open_store(dsn, owner="test holding the store")
+            break
+        except StoreBusyError:  # watch is reading this instant
+            assert time.monotonic() < deadline, "watch held the store for 30 s"
+            time.sleep(0.1)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
 def _quit(tmux: TmuxWatch) -> None:
     tmux.interrupt()
     screen = tmux.wait_for(lambda s: "watch exited" in s, 30, "the exit status")
@@ -346,20 +363,20 @@ def test_watch_in_tmux_after_the_pipeline(settings: Settings, artifacts_dir: Pat
         _check_final_screen(screen, truth)
         assert "read endpoint" not in screen  # the store was free: opened directly
         # a new run written while watch runs: it must not hold the store between refreshes
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with open_store(settings.clickhouse_dsn, owner="test") as store:
-                    store.client.insert(f"{store.database}.steps", [
-                        [PROJECT, f"{PROJECT}-late", 1, "train", time.time_ns() - 2 * NS, "RUN_START", "rl", 0, 0, "w9", 1],
-                        [PROJECT, f"{PROJECT}-late", 1, "train", time.time_ns(), "STEP", "rl", 0, 1, "w9", 2]],
-                        column_names=["project", "run_id", "attempt", "stage", "time_ns", "type", "trainer", "step",
-                                      "step_count", "writer_id", "sequence_id"])
-                break
-            except StoreBusyError:  # watch is reading this instant
-                assert time.monotonic() < deadline, "watch held the store for 30 s"
-                time.sleep(0.1)
+        with _hold(settings.clickhouse_dsn) as store:
+            store.client.insert(f"{store.database}.steps", [
+                [PROJECT, f"{PROJECT}-late", 1, "train", time.time_ns() - 2 * NS, "RUN_START", "rl", 0, 0, "w9", 1],
+                [PROJECT, f"{PROJECT}-late", 1, "train", time.time_ns(), "STEP", "rl", 0, 1, "w9", 2]],
+                column_names=["project", "run_id", "attempt", "stage", "time_ns", "type", "trainer", "step",
+                              "step_count", "writer_id", "sequence_id"])
         tmux.wait_for(_shows(("late", "RUNNING")), 30, "the run written meanwhile")
+        # a store held by a process that serves no reads: the last frame stays, with the reason, until it is free
+        with _hold(settings.clickhouse_dsn):
+            busy = tmux.wait_for(lambda s: "retrying" in s, 30, "the busy store's error")
+        (artifacts_dir / "screen-busy.txt").write_text(busy)
+        assert "cannot read" in busy and "StoreBusyError" in busy and "pid" in busy, busy
+        assert _shows(("late", "RUNNING"))(busy)
+        tmux.wait_for(lambda s: "retrying" not in s and _shows(("late", "RUNNING"))(s), 30, "recovery")
         _quit(tmux)
     finally:
         tmux.close()
