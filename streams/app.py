@@ -29,7 +29,7 @@ from faust.types import TP
 from rlpulse.settings import Settings
 from schemas.catalogue import DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
 from schemas.codec import Codec
-from streams.commits import ProcessedOffsets
+from streams.commits import ProcessedOffsets, TickWatch
 from streams.inputs import Inputs
 from streams.runs import Output, RunConfig, RunProcessor
 from streams.stage import HardwareStage, RunStage
@@ -101,13 +101,13 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
     prefix_len = len(settings.topic_prefix) + 1
 
     async def drive(stream: faust.StreamT, on_message: Callable[..., list[Output]],
-                    on_tick: Callable[[int, int], list[Output]]) -> None:
+                    on_tick: Callable[[int, int, bytes], list[Output]]) -> None:
         """One agent's loop: a tick or a message in, the outputs published, the offset marked done."""
         async for event in stream.events():
             msg, now = event.message, clock()
             short = msg.topic[prefix_len:]
             if short == TICKS_TOPIC:
-                await publish(on_tick(msg.partition, now))
+                await publish(on_tick(msg.partition, now, event.value))
             else:
                 back = processed.missed(app.consumer, msg, time.monotonic())
                 if back is not None:
@@ -119,8 +119,12 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
                     await publish(on_message(short, msg.partition, records, now))
             processed.done(msg)
 
-    def run_tick(partition: int, now: int) -> list[Output]:
+    tick_watch = TickWatch()
+
+    def run_tick(partition: int, now: int, value: bytes) -> list[Output]:
         sources = [TP(settings.topic(short), partition) for short in RUN_TOPICS if short != TICKS_TOPIC]
+        if tick_watch.cut_off(partition, TickWatch.sent(value), now):
+            processed.recheck(sources)  # events published while we were cut off may still be on their way
         return runs.on_tick(partition, now, caught_up=processed.caught_up(app.consumer, sources, time.monotonic()))
 
     @app.agent(topic(*RUN_TOPICS), concurrency=1)
@@ -129,12 +133,13 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
 
     @app.agent(topic(*HARDWARE_TOPICS), concurrency=1)
     async def gpu_agent(stream: faust.StreamT) -> None:
-        await drive(stream, lambda short, partition, records, now: gpus.on_message(partition, records, now), gpus.on_tick)
+        await drive(stream, lambda short, partition, records, now: gpus.on_message(partition, records, now),
+                    lambda partition, now, value: gpus.on_tick(partition, now))
 
     @app.timer(interval=TICK_INTERVAL_S)
     async def tick() -> None:
         for partition in range(settings.partitions):
-            await ticks.send(key=b"tick", value=b"", partition=partition)
+            await ticks.send(key=b"tick", value=TickWatch.stamp(clock()), partition=partition)
 
     throughput = {"at": time.monotonic(), "records": 0}
 

@@ -73,3 +73,43 @@ def test_a_revoked_partition_forgets_its_rewind() -> None:
     p.forget({SPANS})
     consumer._committed_offset[SPANS] = 39  # the next owner committed past them
     assert feed(p, consumer, [39]) == [(39, None)]
+
+
+def test_a_tick_late_or_after_a_gap_says_the_worker_was_cut_off() -> None:
+    from streams.commits import TickWatch
+
+    s = 1_000_000_000
+    watch = TickWatch(late_s=5.0)
+    assert TickWatch.sent(TickWatch.stamp(123 * s)) == 123 * s
+    assert TickWatch.sent(b"") is None  # an older worker's tick carries no stamp
+    assert not watch.cut_off(0, 100 * s, 100 * s)  # the first tick of a partition
+    assert not watch.cut_off(0, 100 * s, 100 * s + s // 2)  # on time, half a second later
+    assert watch.cut_off(0, 101 * s, 107 * s)  # sent 6 s ago: queued while the broker was down
+    assert not watch.cut_off(0, 107 * s, 107 * s + s // 2)
+    assert watch.cut_off(0, 130 * s, 130 * s)  # on time, but none for 22 s: the ticks were lost meanwhile
+    assert not watch.cut_off(1, None, 200 * s)  # each partition has its own ticks
+    assert watch.cut_off(1, None, 206 * s)
+
+
+class LogEnds(GroupOffsets):
+    """Adds what ``caught_up`` reads: the end of each partition's log as the consumer last saw it."""
+
+    def __init__(self, committed: dict[TP, int], high: dict[TP, int]):
+        super().__init__(committed)
+        self.high = high
+
+    def highwater(self, tp: TP) -> int:
+        return self.high[tp]
+
+
+def test_recheck_makes_the_partition_catch_up_again_to_the_log_end_seen_now() -> None:
+    consumer, offsets = LogEnds({SPANS: 0}, {SPANS: 5}), ProcessedOffsets()
+    assert not offsets.caught_up(consumer, [SPANS], 0.0)  # the call that fixes the target, 5
+    feed(offsets, consumer, list(range(5)))
+    assert offsets.caught_up(consumer, [SPANS], 1.0)
+    consumer.high[SPANS] = 9  # published while the worker was cut off from the broker
+    offsets.recheck([SPANS])
+    assert not offsets.caught_up(consumer, [SPANS], 2.0)  # the call that fixes the new target
+    assert not offsets.caught_up(consumer, [SPANS], 3.0)
+    feed(offsets, consumer, list(range(5, 9)))
+    assert offsets.caught_up(consumer, [SPANS], 4.0)
