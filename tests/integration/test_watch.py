@@ -275,7 +275,10 @@ class TmuxWatch:
         self._tmux("send-keys", "-t", "watch", "C-c")
 
     def close(self) -> None:
+        socket = self._tmux("display-message", "-p", "#{socket_path}").stdout.strip()
         self._tmux("kill-server")
+        if socket:  # kill-server leaves the socket file behind
+            Path(socket).unlink(missing_ok=True)
 
 
 def _runs_part(screen: str) -> str:
