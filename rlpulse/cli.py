@@ -425,6 +425,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Whatever this process and its children create (the chDB store's files, which chDB makes
+    # itself; the broker's data; logs; an HTML page of a run) is readable by its owner only.
+    from rlpulse.settings import PRIVATE_UMASK
+
+    os.umask(PRIVATE_UMASK)
     logging.basicConfig(
         level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from rlpulse.settings import Settings
+from rlpulse.settings import PRIVATE_UMASK, Settings, private_dir, private_file
 from schemas.topics import topic_partitions
 
 from schemas.catalogue import RAW_TOPICS, SINK_TOPICS
@@ -44,6 +44,12 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "RLPULSE_ALERT_CLIPPED_RISING_STEPS": str(settings.alerts.clipped_rising_steps),
         "RLPULSE_ALERT_REWARD_ZERO_FRACTION": str(settings.alerts.reward_zero_fraction),
         "RLPULSE_ALERT_XID_QUIET_AFTER": f"{settings.alerts.xid_quiet_after}s",
+        # Kafka security, the password included: the environment is the owner's only
+        "RLPULSE_KAFKA_SECURITY_PROTOCOL": settings.kafka_security_protocol,
+        "RLPULSE_KAFKA_SASL_MECHANISM": settings.kafka_sasl_mechanism,
+        "RLPULSE_KAFKA_SASL_USERNAME": settings.kafka_sasl_username,
+        "RLPULSE_KAFKA_SASL_PASSWORD": settings.kafka_sasl_password,
+        "RLPULSE_KAFKA_SSL_CAFILE": settings.kafka_ssl_cafile,
     })
     return env
 
@@ -99,13 +105,15 @@ class Pipeline:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, which: tuple[str, ...] = ("streams", "sink"), extra_env: dict[str, str] | None = None) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.log_dir)
         for name in which:
-            log = open(self.log_dir / f"{name}.log", "ab")
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "rlpulse.cli", name], env={**settings_env(self.settings), **(extra_env or {})},
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
+            # Settings (passwords included) travel in the environment, which only the owner can
+            # read (/proc/PID/environ), never in argv, which `ps` shows every user.
+            with open(private_file(self.log_dir / f"{name}.log"), "ab") as log:
+                self.procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", "rlpulse.cli", name], env={**settings_env(self.settings), **(extra_env or {})},
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True, umask=PRIVATE_UMASK,
+                )
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():

@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from rlpulse.progress import Ticker
-from rlpulse.settings import Settings
+from rlpulse.settings import PRIVATE_UMASK, Settings, private_dir, private_file
 
 KAFKA_VERSION = "3.9.1"
 POM = Path(__file__).parent / "kafka" / "pom.xml"
@@ -43,6 +43,12 @@ def _say(text: str) -> None:
 
 def _kafka_dir(settings: Settings) -> Path:
     return (settings.home / "kafka").absolute()  # absolute: the broker runs with this folder as cwd
+
+
+def _private_kafka_dir(settings: Settings) -> Path:
+    """The broker's folder, created (or tightened) owner-only: its data is every run's telemetry."""
+    private_dir(settings.home)
+    return private_dir(_kafka_dir(settings))
 
 
 def _pid_file(settings: Settings) -> Path:
@@ -167,23 +173,30 @@ def fetch_jars(settings: Settings) -> Path:
     _require("java", "mvn")
     _say(f"fetching Kafka {KAFKA_VERSION} jars from Maven Central with mvn into {libs} ...")
     started = time.monotonic()
-    libs.mkdir(parents=True, exist_ok=True)
+    _private_kafka_dir(settings)
+    libs.mkdir(mode=0o700, exist_ok=True)
     cmd = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", f"-DoutputDirectory={libs}"]
     # A first fetch downloads ~100 MB into ~/.m2 and can take minutes: say it is still going.
     with Ticker(f"fetching Kafka {KAFKA_VERSION} jars from Maven Central (first run)", say=_say):
-        run = subprocess.run(cmd, capture_output=True, text=True)
+        run = subprocess.run(cmd, capture_output=True, text=True, umask=PRIVATE_UMASK)
     if run.returncode != 0:
         tail = "\n".join((run.stdout + run.stderr).splitlines()[-20:])
         raise ServicesError(f"mvn failed (exit {run.returncode}) fetching the Kafka jars:\n{tail}")
-    marker.write_text(_jar_set_id() + "\n")
+    _write_private(marker, _jar_set_id() + "\n")
     _say(f"fetched {len(list(libs.glob('*.jar')))} jars in {time.monotonic() - started:.0f}s")
     return libs
 
 
+def _write_private(path: Path, text: str) -> None:
+    with open(private_file(path, append=False), "w") as f:
+        f.write(text)
+
+
 def _write_config(settings: Settings, host: str, port: int) -> tuple[Path, Path]:
-    kdir = _kafka_dir(settings)
+    kdir = _private_kafka_dir(settings)
     server = kdir / "server.properties"
-    server.write_text(
+    _write_private(
+        server,
         "# Written by `rlpulse services up` on every start; edits are overwritten.\n"
         "process.roles=broker,controller\n"
         "node.id=1\n"
@@ -203,7 +216,8 @@ def _write_config(settings: Settings, host: str, port: int) -> tuple[Path, Path]
         "log.retention.hours=168\n"
     )
     log4j = kdir / "log4j.properties"
-    log4j.write_text(
+    _write_private(
+        log4j,
         "log4j.rootLogger=INFO, file\n"
         "log4j.appender.file=org.apache.log4j.RollingFileAppender\n"
         f"log4j.appender.file.File={_log_file(settings)}\n"
@@ -230,7 +244,7 @@ def _format_storage(settings: Settings, libs: Path, server: Path, log4j: Path) -
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # StorageTool chokes on COLUMNS
     cmd = ["java", f"-Dlog4j.configuration=file:{log4j}", "-cp", f"{libs}/*",
            "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(server)]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, umask=PRIVATE_UMASK)
     if run.returncode != 0:
         raise ServicesError(f"formatting Kafka storage failed (exit {run.returncode}):\n{run.stdout}{run.stderr}")
     _say(f"formatted Kafka storage in {_kafka_dir(settings) / 'data'}")
@@ -269,10 +283,11 @@ def up(settings: Settings) -> None:
     cmd = ["java", *JVM_OPTS, f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={log.parent}",
            "-cp", f"{libs}/*", "kafka.Kafka", str(server)]
     started = time.monotonic()
-    with open(log, "ab") as out:
+    # umask 077: the broker's data, its log4j files and its GC logs are the owner's only
+    with open(private_file(log), "ab") as out:
         proc = subprocess.Popen(cmd, cwd=log.parent, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    _pid_file(settings).write_text(f"{proc.pid}\n")
+                                stderr=subprocess.STDOUT, start_new_session=True, umask=PRIVATE_UMASK)
+    _write_private(_pid_file(settings), f"{proc.pid}\n")
     _say(f"started the Kafka broker (pid {proc.pid}); waiting for it to answer on {bootstrap}")
     with Ticker(f"waiting for the broker to answer on {bootstrap} (pid {proc.pid})", say=_say):
         while not broker_answers(bootstrap, 2.0):

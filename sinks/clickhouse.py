@@ -18,6 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import clickhouse_connect
 
+from rlpulse.settings import private_dir
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -109,9 +111,11 @@ def mask_url(url: str) -> str:
 
 
 def _lock_store(path: Path, owner: str) -> int:
-    path.mkdir(parents=True, exist_ok=True)
+    private_dir(path)  # the store is every run's data: its owner's only (chDB's own files follow the umask)
     lock_path = path / "rlpulse.lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    if os.fstat(fd).st_mode & 0o077:  # a lock file made 0644 by an older version
+        os.fchmod(fd, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import faust
 from faust.types import TP
 
-from rlpulse.settings import Settings
+from rlpulse.settings import Settings, private_dir
 from schemas.catalogue import DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
 from schemas.codec import Codec
 from streams.commits import ProcessedOffsets, TickWatch
@@ -57,8 +57,7 @@ FAUST_TUNING: dict[str, Any] = {
 
 
 def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> faust.App:
-    datadir = settings.home / "faust" / settings.app_id
-    datadir.mkdir(parents=True, exist_ok=True)
+    datadir = private_dir(private_dir(settings.home / "faust") / settings.app_id)  # the owner's only, as the store
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.kafka_bootstrap}",
