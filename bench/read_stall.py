@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -56,7 +57,8 @@ def reader(port: int, seconds: float, threads: int) -> None:
     done: list[tuple[int, float, str]] = []
 
     def loop(i: int) -> None:
-        client = clickhouse_connect.get_client(host="127.0.0.1", port=port, send_receive_timeout=120)
+        client = clickhouse_connect.get_client(host="127.0.0.1", port=port, send_receive_timeout=120, username="rlpulse",
+                                               password=os.environ["RLPULSE_BENCH_READ_PASSWORD"])
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             started = time.monotonic()
@@ -173,6 +175,7 @@ def main() -> int:
             migrate(store)
             with serve_reads(store, port=0) as endpoint:
                 assert endpoint is not None
+                os.environ["RLPULSE_BENCH_READ_PASSWORD"] = endpoint.password  # the reader child's, never its argv
                 figures = asyncio.run(measure(settings, store, endpoint.address[1], args.seconds, args.rate,
                                               args.per_message, args.threads))
                 limits = endpoint.engine.limits

@@ -168,12 +168,14 @@ def open_reader(dsn: str, owner: str = "rlpulse") -> Store:
     except StoreBusyError:
         from sinks.read_endpoint import find_endpoint
 
-        url = find_endpoint(Path(urlsplit(dsn).path))
-        if url is None:
+        found = find_endpoint(Path(urlsplit(dsn).path))
+        if found is None:
             raise
+    url = found.url
     parts = urlsplit(url)
     try:
-        client = clickhouse_connect.get_client(host=parts.hostname, port=parts.port)
+        client = clickhouse_connect.get_client(host=parts.hostname, port=parts.port, username=found.user,
+                                               password=found.password)
     except Exception as exc:
         raise StoreBusyError(f"the chDB store {urlsplit(dsn).path} is held by a sink whose read endpoint {url} does not "
                              f"answer ({type(exc).__name__}); is the sink still running?") from None

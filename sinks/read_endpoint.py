@@ -24,6 +24,13 @@ after the request. On it, before the query:
   ``file()`` function (which reads any file in chDB) or chDB's ``python()`` table. ``KILL QUERY``
   is refused there too (readonly=1 allows it, and it would cancel the sink's inserts).
 
+Every request but ``/ping`` must carry the user ``rlpulse`` and the password the sink drew at
+start (``secrets.token_urlsafe``), as HTTP basic auth (what clickhouse-connect and Grafana send)
+or ``X-ClickHouse-User``/``X-ClickHouse-Key`` headers: loopback is open to every local user,
+the endpoint file that holds the password only to the store's owner. Anything else gets
+ClickHouse's AUTHENTICATION_FAILED (516, HTTP 403). A password in the URL is refused too: URLs
+end up in shell histories and logs.
+
 chDB releases the GIL while a query runs, and the server runs in its own threads, so the sink's
 event loop and inserts go on meanwhile. What a query can take from ingestion is bounded by
 :class:`ReadLimits`: ``max_execution_time`` per query, ``max_threads`` (one core of two), memory and
@@ -32,11 +39,14 @@ result size, and at most ``max_concurrent`` queries at once (others wait their t
 
 from __future__ import annotations
 
+import base64
 import gzip
+import hmac
 import json
 import logging
 import os
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -47,13 +57,14 @@ from email.parser import BytesParser
 from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, NamedTuple
 from urllib.parse import parse_qsl, urlsplit
 
 log = logging.getLogger(__name__)
 
-ENDPOINT_FILE = "endpoint"  # in the store directory: {"url": ..., "pid": ...}, 0600, removed at exit
+ENDPOINT_FILE = "endpoint"  # in the store directory: {"url", "pid", "user", "password"}, 0600, removed at exit
 HOST = "127.0.0.1"
+READ_USER = "rlpulse"  # the one user; its password is new at every sink start
 MAX_BODY = 16 * 1024 * 1024  # a query, not data: nothing is inserted here
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -264,6 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "rlpulse-read-endpoint"
     timeout = 60  # a silent client gives its thread back
     engine: Engine  # set on the subclass made per server
+    password: str  # likewise
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         log.debug("read endpoint: " + format, *args)
@@ -323,6 +335,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, f"There is no handle {url.path}\n".encode(), {"Content-Type": "text/plain; charset=UTF-8"})
             return
         args = dict(parse_qsl(url.query, keep_blank_values=True))
+        if not self._authenticated(args):
+            self._fail(QueryFailed(516, "Code: 516. DB::Exception: Authentication failed: password is incorrect, or "
+                                        "there is no user with such name; the sink's read endpoint takes the user and "
+                                        f"password in the '{ENDPOINT_FILE}' file of its store directory, as HTTP basic "
+                                        "auth or X-ClickHouse-User/X-ClickHouse-Key headers. (AUTHENTICATION_FAILED)"),
+                       args.get("query_id", ""))
+            return
         content_type = self.headers.get("Content-Type", "")
         if content_type.startswith("multipart/form-data"):
             # clickhouse-connect sends long parameter values (and the query with them) as a form.
@@ -363,6 +382,19 @@ class _Handler(BaseHTTPRequestHandler):
                 body_out, headers["Content-Encoding"] = zlib.compress(body_out, 3), "deflate"
         self._send(200, body_out, headers)
 
+    def _authenticated(self, args: Mapping[str, str]) -> bool:
+        """The request names READ_USER and this start's password (compared in constant time)."""
+        if "password" in args:
+            return False
+        user, key = self.headers.get("X-ClickHouse-User"), self.headers.get("X-ClickHouse-Key")
+        scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+        if key is None and scheme.lower() == "basic":
+            try:
+                user, _, key = base64.b64decode(token.strip(), validate=True).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                return False
+        return user == READ_USER and key is not None and hmac.compare_digest(key.encode(), self.password.encode())
+
     def _fail(self, exc: QueryFailed, query_id: str = "") -> None:
         self._send(_STATUS.get(exc.code, 500), (exc.text.rstrip("\n") + "\n").encode(),
                    {"Content-Type": "text/plain; charset=UTF-8", "X-ClickHouse-Exception-Code": str(exc.code),
@@ -392,7 +424,8 @@ class ReadEndpoint:
     def __init__(self, store_path: str | Path, port: int = 0, limits: ReadLimits | None = None, host: str = HOST):
         self.store_dir = Path(store_path)
         self.engine = Engine(str(store_path), limits or ReadLimits())
-        handler = type("Handler", (_Handler,), {"engine": self.engine})
+        self.user, self.password = READ_USER, secrets.token_urlsafe(24)  # never logged: it is in the 0600 file only
+        handler = type("Handler", (_Handler,), {"engine": self.engine, "password": self.password})
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
@@ -405,9 +438,9 @@ class ReadEndpoint:
         tmp = path.with_name(f".{ENDPOINT_FILE}.{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"url": self.url, "pid": os.getpid()}, f)
+            json.dump({"url": self.url, "pid": os.getpid(), "user": self.user, "password": self.password}, f)
         os.replace(tmp, path)  # readers never see half a file
-        log.info("read-only queries on the store at %s (loopback only)", self.url)
+        log.info("read-only queries on the store at %s (loopback only; user and password in %s)", self.url, path)
         return self
 
     def close(self) -> None:
@@ -450,8 +483,19 @@ def _holder_pid(store_dir: Path) -> tuple[int | None, str]:
     return (int(m.group(1)) if m else None), text
 
 
-def find_endpoint(store_dir: Path, wait: float = 5.0) -> str | None:
-    """The URL of the read endpoint of the process holding the store at ``store_dir``, or None.
+class Endpoint(NamedTuple):
+    """Where a sink serves reads, and the credentials it takes."""
+
+    url: str
+    user: str
+    password: str
+
+    def __repr__(self) -> str:  # never the password, should one be logged or put in an error
+        return f"Endpoint(url={self.url!r}, user={self.user!r}, password='***')"
+
+
+def find_endpoint(store_dir: Path, wait: float = 5.0) -> Endpoint | None:
+    """The read endpoint of the process holding the store at ``store_dir``, or None.
 
     A file left by a process that died is ignored (its pid is not the lock holder's). A sink that
     has just taken the lock (migrating, starting its server) gets ``wait`` seconds to publish it.
@@ -464,7 +508,7 @@ def find_endpoint(store_dir: Path, wait: float = 5.0) -> str | None:
         except (OSError, ValueError):
             found = {}
         if pid is not None and found.get("pid") == pid and found.get("url"):
-            return str(found["url"])
+            return Endpoint(str(found["url"]), str(found.get("user", "")), str(found.get("password", "")))
         if "sink" not in holder or time.monotonic() > deadline:
             return None
         time.sleep(0.1)

@@ -1,6 +1,6 @@
 """Reading a live pipeline's chDB store: while ``rlpulse sink`` holds it, its read endpoint answers
 ``rlpulse query``, ``rlpulse report`` and clickhouse-connect over ClickHouse's HTTP interface on
-loopback, read-only; once the sink stops, the endpoint file is gone and the CLI opens the store itself.
+loopback, read-only, to the password in the store's 0600 endpoint file only; once the sink stops, the endpoint file is gone and the CLI opens the store itself.
 
 The pipeline runs as a user runs it (``rlpulse streams`` and ``rlpulse sink`` children), the
 workload comes from the SDK, and the CLI runs in subprocesses.
@@ -8,12 +8,14 @@ workload comes from the SDK, and the CLI runs in subprocesses.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -117,6 +119,11 @@ def test_live_store_reads_are_served_read_only_on_loopback(settings: Settings) -
         assert endpoint["pid"] == pipeline.procs["sink"].pid
         host, port = urlsplit(endpoint["url"]).hostname, urlsplit(endpoint["url"]).port
         assert host == "127.0.0.1"
+        # a password of its own per sink start, for the user rlpulse, never in the sink's log
+        user, password = endpoint["user"], endpoint["password"]
+        assert user == "rlpulse" and len(password) >= 32
+        assert password not in (settings.home / "logs" / "sink.log").read_text()
+        basic = {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
         # (a) rlpulse query, ad hoc and saved with server-side parameters: the workload's exact rows.
         assert query_json(settings, "SELECT kind, count() AS n FROM rlpulse.spans FINAL GROUP BY kind ORDER BY kind") == [
@@ -126,16 +133,36 @@ def test_live_store_reads_are_served_read_only_on_loopback(settings: Settings) -
             == expected_failures()
 
         # (b) clickhouse-connect pointed at the port: a {run:String} parameter, and a hostile value stays one literal.
-        client = clickhouse_connect.get_client(host="127.0.0.1", port=port)
+        client = clickhouse_connect.get_client(host="127.0.0.1", port=port, username=user, password=password)
         sql = "SELECT rollout_id FROM rlpulse.spans FINAL WHERE run_id = {run:String} AND kind = 'ROLLOUT' ORDER BY rollout_id"
         assert client.query(sql, parameters={"run": "live-1"}).result_rows == [("r0",), ("r1",), ("r2",)]
         assert client.query(sql, parameters={"run": HOSTILE}).result_rows == []
         assert client.query("SELECT {v:String}", parameters={"v": HOSTILE}).result_rows == [(HOSTILE,)]
-        # ... and plain HTTP, as curl sends it.
-        with urllib.request.urlopen(f"{endpoint['url']}/?query={quote('SELECT count() FROM rlpulse.spans FINAL')}") as r:
-            assert (r.status, r.read()) == (200, b"11\n")
-        with urllib.request.urlopen(f"{endpoint['url']}/ping") as r:
+        # ... and plain HTTP, as curl sends it (`curl -u rlpulse:PASSWORD`), or with ClickHouse's own headers.
+        count_url = f"{endpoint['url']}/?query={quote('SELECT count() FROM rlpulse.spans FINAL')}"
+        for headers in (basic, {"X-ClickHouse-User": user, "X-ClickHouse-Key": password}):
+            with urllib.request.urlopen(urllib.request.Request(count_url, headers=headers)) as r:
+                assert (r.status, r.read()) == (200, b"11\n")
+        with urllib.request.urlopen(f"{endpoint['url']}/ping") as r:  # a health check needs no password, as ClickHouse's
             assert r.read() == b"Ok.\n"
+
+        # (b2) no password, a wrong one, another user, or the password in the URL: AUTHENTICATION_FAILED, no hint of it.
+        wrong = {"Authorization": "Basic " + base64.b64encode(f"{user}:{password[:-1]}x".encode()).decode()}
+        for headers, url in (({}, count_url), (wrong, count_url),
+                             ({"X-ClickHouse-User": "default", "X-ClickHouse-Key": password}, count_url),
+                             ({"X-ClickHouse-User": user, "X-ClickHouse-Key": ""}, count_url),
+                             ({}, f"{count_url}&user={user}&password={password}"),
+                             ({"Authorization": "Basic not-base64!"}, count_url)):
+            with pytest.raises(urllib.error.HTTPError) as denied:
+                urllib.request.urlopen(urllib.request.Request(url, headers=headers))
+            body = denied.value.read().decode()
+            assert denied.value.code == 403 and denied.value.headers["X-ClickHouse-Exception-Code"] == "516", headers
+            assert body.startswith("Code: 516. DB::Exception: Authentication failed") and "(AUTHENTICATION_FAILED)" in body
+            assert password not in body and password[:8] not in body
+        for bad in ("", password[:-1]):
+            with pytest.raises(DatabaseError) as denied:
+                clickhouse_connect.get_client(host="127.0.0.1", port=port, username=user, password=bad)
+            assert "516" in str(denied.value) and password not in str(denied.value)
 
         # (c) writes, DDL, settings, KILL and files are refused with ClickHouse's READONLY error; nothing changed.
         outfile = settings.home / "written.tsv"
