@@ -146,6 +146,11 @@ class Sender:
         return self.queue.pending
 
     @property
+    def refused(self) -> str | None:
+        """Why the broker refuses our credentials or certificate (logged once), while it does; else None."""
+        return self.transport.refused
+
+    @property
     def buffer_bytes(self) -> int:
         return self.queue.buffer_bytes
 

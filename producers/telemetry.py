@@ -143,8 +143,9 @@ class TrainingTelemetry:
             self._step_event("RUN_END")
         undelivered = self._sender.close(timeout)
         if undelivered or self._sender.dropped:
-            log.warning("run %s/%d: %d events undelivered, %d dropped (buffer full)", self.run_id, self.attempt,
-                        undelivered, self._sender.dropped)
+            refused = self._sender.refused
+            log.warning("run %s/%d: %d events undelivered, %d dropped (buffer full)%s", self.run_id, self.attempt,
+                        undelivered, self._sender.dropped, f"; {refused}" if refused else "")
         return undelivered
 
     def abandon(self, timeout: float = 30.0) -> int:
@@ -162,6 +163,11 @@ class TrainingTelemetry:
     def delivered(self) -> int:
         """Events the broker has acknowledged."""
         return self._sender.delivered
+
+    @property
+    def kafka_refused(self) -> str | None:
+        """Why the broker refuses the Kafka credentials or certificate, while it does (logged once); else None."""
+        return self._sender.refused
 
     @property
     def pending(self) -> int:

@@ -22,6 +22,7 @@ from producers.queue import Item
 from rlpulse.settings import Settings
 from schemas.catalogue import RAW_TOPICS
 from schemas.codec import Codec
+from schemas.kafka_check import connection_problem, scrub
 from schemas.topics import ensure_topics_async
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ BATCH_RECORDS = 1000
 # varints); kept generous so a container we accept is never refused by the producer.
 KAFKA_OVERHEAD = 256
 BLOCK_OVERHEAD = 32  # a container block's record count, byte size and sync marker
+REFUSED_RETRY_S = 30.0  # between attempts while the broker refuses our credentials or certificate
 
 
 @dataclass
@@ -64,11 +66,14 @@ class KafkaTransport:
         self.producer: AIOKafkaProducer | None = None
         self._topics_ready = False
         self._interrupted = asyncio.Event()  # cuts a backoff short when the sender gives up
+        self.refused: str | None = None  # why the broker refuses our credentials or certificate, while it does
+        self.refusals = 0  # connection attempts the broker refused so
 
     def adopt(self, previous: "KafkaTransport") -> None:
         """Take over what ``previous`` learnt (topics created, header sizes): a new thread's transport."""
         self._topics_ready = previous._topics_ready
         self._headers = dict(previous._headers)
+        self.refused, self.refusals = previous.refused, previous.refusals
 
     def interrupt(self) -> None:
         """End any backoff wait now (call on the transport's loop)."""
@@ -178,12 +183,25 @@ class KafkaTransport:
                 for short in RAW_TOPICS:  # fresh topics: learn their leaders before the first send
                     await producer.partitions_for(self.settings.topic(short))
                 self.producer = producer
+                self.refused = None
                 return True
             except Exception as exc:
                 if producer is not None:
                     await producer.stop()
+                # aiokafka says only "Unable to bootstrap": ask the broker why once, with our settings.
+                problem = await connection_problem(self.settings)
+                if problem is not None and problem.refused:
+                    # A wrong password or certificate stays wrong: say so once, clearly, and retry
+                    # rarely (the credentials may be fixed on the broker's side); never crash the job.
+                    self.refusals += 1
+                    if problem.message != self.refused:
+                        log.error("telemetry cannot be delivered, events wait in the buffer: %s (retrying every %.0fs)",
+                                  problem.message, REFUSED_RETRY_S)
+                    self.refused = problem.message
+                    await self._backoff(REFUSED_RETRY_S)
+                    continue
                 log.warning("Kafka not reachable at %s (%s: %s); retrying in %.1fs", self.settings.kafka_bootstrap,
-                            type(exc).__name__, exc, backoff)
+                            type(exc).__name__, scrub(str(exc), self.settings), backoff)
                 await self._backoff(backoff)
                 backoff = min(backoff * 2, 5.0)
         return False

@@ -50,6 +50,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "RLPULSE_KAFKA_SASL_USERNAME": settings.kafka_sasl_username,
         "RLPULSE_KAFKA_SASL_PASSWORD": settings.kafka_sasl_password,
         "RLPULSE_KAFKA_SSL_CAFILE": settings.kafka_ssl_cafile,
+        "RLPULSE_KAFKA_SSL_CERTFILE": settings.kafka_ssl_certfile,
+        "RLPULSE_KAFKA_SSL_KEYFILE": settings.kafka_ssl_keyfile,
+        "RLPULSE_KAFKA_SSL_KEY_PASSWORD": settings.kafka_ssl_key_password,
     })
     return env
 

@@ -21,6 +21,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlpulse.progress import Ticker
 from rlpulse.settings import PRIVATE_UMASK, Settings, private_dir, private_file
@@ -192,20 +193,22 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _write_config(settings: Settings, host: str, port: int) -> tuple[Path, Path]:
+def _write_config(settings: Settings, host: str, port: int, tls: TlsListeners | None = None) -> tuple[Path, Path]:
     kdir = _private_kafka_dir(settings)
     server = kdir / "server.properties"
-    _write_private(
+    extra, protocols, secure = tls.properties(host) if tls is not None else ([], [], "")
+    _write_private(  # 0600: with ``tls`` it holds the keystore's password
         server,
         "# Written by `rlpulse services up` on every start; edits are overwritten.\n"
         "process.roles=broker,controller\n"
         "node.id=1\n"
         f"controller.quorum.voters=1@{host}:{port + 1}\n"
-        f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{port + 1}\n"
-        f"advertised.listeners=PLAINTEXT://{host}:{port}\n"
+        f"listeners={','.join([f'PLAINTEXT://{host}:{port}', f'CONTROLLER://{host}:{port + 1}', *extra])}\n"
+        f"advertised.listeners={','.join([f'PLAINTEXT://{host}:{port}', *extra])}\n"
         "controller.listener.names=CONTROLLER\n"
         "inter.broker.listener.name=PLAINTEXT\n"
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n"
+        f"listener.security.protocol.map={','.join(['PLAINTEXT:PLAINTEXT', 'CONTROLLER:PLAINTEXT', *protocols])}\n"
+        f"{secure}"
         f"log.dirs={kdir / 'data'}\n"
         "num.partitions=1\n"
         "auto.create.topics.enable=true\n"
@@ -250,8 +253,11 @@ def _format_storage(settings: Settings, libs: Path, server: Path, log4j: Path) -
     _say(f"formatted Kafka storage in {_kafka_dir(settings) / 'data'}")
 
 
-def up(settings: Settings) -> None:
-    """Start the local broker unless it already runs; return once it answers metadata requests."""
+def up(settings: Settings, tls: TlsListeners | None = None) -> None:
+    """Start the local broker unless it already runs; return once it answers metadata requests.
+
+    ``tls``: secure listeners besides PLAINTEXT (``rlpulse.secure_broker``; the tests use it,
+    ``rlpulse services up`` does not)."""
     host, port = host_port(settings.kafka_bootstrap)
     bootstrap = f"{host}:{port}"
     log = _log_file(settings)
@@ -278,7 +284,7 @@ def up(settings: Settings) -> None:
     _pid_file(settings).unlink(missing_ok=True)  # stale: that process is gone
     libs = fetch_jars(settings)
     _require("java")
-    server, log4j = _write_config(settings, host, port)
+    server, log4j = _write_config(settings, host, port, tls)
     _format_storage(settings, libs, server, log4j)
     cmd = ["java", *JVM_OPTS, f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={log.parent}",
            "-cp", f"{libs}/*", "kafka.Kafka", str(server)]
@@ -351,7 +357,8 @@ def status(settings: Settings) -> bool:
         _say(f"broker started by rlpulse: not running (stale pid file {_pid_file(settings)})")
     else:
         _say(f"broker started by rlpulse: not running (RLPULSE_HOME={settings.home})")
-    answers = broker_answers(bootstrap, 3.0)
+    _refused(settings, 3.0)  # TLS or SASL refused: say why, not "no broker"
+    answers = broker_answers(bootstrap, 3.0, **_security_kwargs(settings))
     _say(f"{bootstrap}: {'a Kafka broker answers' if answers else 'no Kafka broker answers'}")
     if pid is None and (answers or port_open(host, port)):
         _say(f"note: {bootstrap} is served by a process rlpulse did not start from RLPULSE_HOME={settings.home}")
@@ -360,10 +367,24 @@ def status(settings: Settings) -> bool:
     return pid is not None and answers
 
 
+def _security_kwargs(settings: Settings) -> dict[str, object]:
+    return {k: v for k, v in settings.kafka_client_kwargs().items() if k != "bootstrap_servers"}
+
+
+def _refused(settings: Settings, timeout: float) -> None:
+    """ServicesError, naming what to fix and no secret, when the broker refuses our TLS or SASL
+    settings: aiokafka's own clients would only retry, then say they could not bootstrap."""
+    from schemas.kafka_check import check_connection
+
+    problem = check_connection(settings, timeout)
+    if problem is not None and problem.refused:
+        raise ServicesError(problem.message)
+
+
 def require_broker(settings: Settings, timeout: float = 10.0) -> None:
     """ServicesError, with what to do, unless a Kafka broker answers at the settings' bootstrap."""
-    kwargs = {k: v for k, v in settings.kafka_client_kwargs().items() if k != "bootstrap_servers"}
-    if not broker_answers(settings.kafka_bootstrap, timeout, **kwargs):
+    _refused(settings, timeout)
+    if not broker_answers(settings.kafka_bootstrap, timeout, **_security_kwargs(settings)):
         raise ServicesError(f"no Kafka broker answers at {settings.kafka_bootstrap}. Start the local one with "
                             "`rlpulse services up` (or `make services-up`), or point --bootstrap / "
                             "RLPULSE_KAFKA_BOOTSTRAP at yours")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import ssl
 from pathlib import Path
 from typing import Mapping
 
@@ -24,6 +25,10 @@ def parse_duration(text: str | float | int) -> float:
     if not match:
         raise ValueError(f"invalid duration {text!r}: expected a number with ms, s, m or h, e.g. 500ms, 10s, 15m")
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _upper(text: str) -> str:
+    return text.strip().upper()
 
 
 _PROJECT_NAME = re.compile(r"""^name\s*=\s*["']rlpulse["']\s*$""", re.MULTILINE)
@@ -114,6 +119,11 @@ class Settings:
     kafka_sasl_username: str = ""
     kafka_sasl_password: str = dataclasses.field(default="", repr=False)
     kafka_ssl_cafile: str = ""
+    # A client certificate (mTLS) for SSL and SASL_SSL: a PEM certificate, its PEM key (may be
+    # the same file), and the key's password if it is encrypted.
+    kafka_ssl_certfile: str = ""
+    kafka_ssl_keyfile: str = ""
+    kafka_ssl_key_password: str = dataclasses.field(default="", repr=False)
     alerts: AlertThresholds = dataclasses.field(default_factory=AlertThresholds)
     ttl_raw_days: int = 90  # spans, steps, GPU samples, placements
     ttl_aggregate_days: int = 365  # windows, step figures, histograms, alerts
@@ -131,11 +141,14 @@ class Settings:
         "RLPULSE_SILENT_AFTER": ("silent_after", parse_duration),
         "RLPULSE_HEARTBEAT_INTERVAL": ("heartbeat_interval", parse_duration),
         "RLPULSE_STREAMS_COMMIT_INTERVAL": ("streams_commit_interval", parse_duration),
-        "RLPULSE_KAFKA_SECURITY_PROTOCOL": ("kafka_security_protocol", str),
-        "RLPULSE_KAFKA_SASL_MECHANISM": ("kafka_sasl_mechanism", str),
+        "RLPULSE_KAFKA_SECURITY_PROTOCOL": ("kafka_security_protocol", _upper),
+        "RLPULSE_KAFKA_SASL_MECHANISM": ("kafka_sasl_mechanism", _upper),
         "RLPULSE_KAFKA_SASL_USERNAME": ("kafka_sasl_username", str),
         "RLPULSE_KAFKA_SASL_PASSWORD": ("kafka_sasl_password", str),
         "RLPULSE_KAFKA_SSL_CAFILE": ("kafka_ssl_cafile", str),
+        "RLPULSE_KAFKA_SSL_CERTFILE": ("kafka_ssl_certfile", str),
+        "RLPULSE_KAFKA_SSL_KEYFILE": ("kafka_ssl_keyfile", str),
+        "RLPULSE_KAFKA_SSL_KEY_PASSWORD": ("kafka_ssl_key_password", str),
         "RLPULSE_TTL_RAW_DAYS": ("ttl_raw_days", int),
         "RLPULSE_TTL_AGGREGATE_DAYS": ("ttl_aggregate_days", int),
         "RLPULSE_ALERT_GRADER_FAILURE_RATE": ("alerts.grader_failure_rate", float),
@@ -172,6 +185,9 @@ class Settings:
             raise ValueError("RLPULSE_PARTITIONS must be at least 1")
         return settings
 
+    def __post_init__(self) -> None:
+        _check_kafka_security(self)
+
     def topic(self, name: str) -> str:
         """Full topic name for a short name such as ``spans`` or ``dlq``."""
         return f"{self.topic_prefix}.{name}"
@@ -189,20 +205,81 @@ class Settings:
     def clickhouse_dsn(self) -> str:
         return self.clickhouse_url or f"chdb://{self.home / 'clickhouse'}"
 
+    def kafka_ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of SSL and SASL_SSL (None otherwise): the broker's certificate checked
+        against ``kafka_ssl_cafile`` (else the system's CAs) and its host name; the client
+        certificate loaded when one is set. ValueError, naming the variable, for a file that
+        cannot be loaded (never the key's password)."""
+        if self.kafka_security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        try:
+            context = ssl.create_default_context(cafile=self.kafka_ssl_cafile or None)
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"RLPULSE_KAFKA_SSL_CAFILE: cannot load CA certificates from {self.kafka_ssl_cafile}: "
+                             f"{_ssl_reason(exc)}") from None
+        if self.kafka_ssl_certfile:
+            try:
+                context.load_cert_chain(self.kafka_ssl_certfile, self.kafka_ssl_keyfile or None,
+                                        password=self.kafka_ssl_key_password or None)
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(
+                    f"RLPULSE_KAFKA_SSL_CERTFILE/RLPULSE_KAFKA_SSL_KEYFILE: cannot load the client certificate "
+                    f"{self.kafka_ssl_certfile} with key {self.kafka_ssl_keyfile or '(in the same file)'}: "
+                    f"{_ssl_reason(exc)} (a wrong or missing RLPULSE_KAFKA_SSL_KEY_PASSWORD reads so too)") from None
+        return context
+
     def kafka_client_kwargs(self) -> dict[str, object]:
-        """Keyword arguments for aiokafka clients: bootstrap servers and security settings."""
+        """Keyword arguments for aiokafka clients: bootstrap servers and security settings.
+
+        ``streams.app._credentials`` gives Faust the same settings in its own form."""
         kwargs: dict[str, object] = {"bootstrap_servers": self.kafka_bootstrap}
         if self.kafka_security_protocol != "PLAINTEXT":
             kwargs["security_protocol"] = self.kafka_security_protocol
-            if self.kafka_security_protocol in ("SSL", "SASL_SSL"):
-                from aiokafka.helpers import create_ssl_context
-
-                kwargs["ssl_context"] = create_ssl_context(cafile=self.kafka_ssl_cafile or None)
-            if self.kafka_sasl_mechanism:
+            context = self.kafka_ssl_context()
+            if context is not None:
+                kwargs["ssl_context"] = context
+            if self.kafka_security_protocol.startswith("SASL_"):
                 kwargs["sasl_mechanism"] = self.kafka_sasl_mechanism
                 kwargs["sasl_plain_username"] = self.kafka_sasl_username
                 kwargs["sasl_plain_password"] = self.kafka_sasl_password
         return kwargs
+
+
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _ssl_reason(exc: Exception) -> str:
+    return getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc)
+
+
+def _check_kafka_security(s: Settings) -> None:
+    """ValueError, naming the variable and never a secret, for Kafka security settings that cannot
+    work: without this an aiokafka client would connect with no credentials while Faust used PLAIN."""
+    protocol = s.kafka_security_protocol
+    if protocol not in KAFKA_PROTOCOLS:
+        raise ValueError(f"RLPULSE_KAFKA_SECURITY_PROTOCOL: {protocol!r} is not one of {', '.join(KAFKA_PROTOCOLS)}")
+    if protocol.startswith("SASL_"):
+        if s.kafka_sasl_mechanism not in SASL_MECHANISMS:
+            got = f"is {s.kafka_sasl_mechanism!r}" if s.kafka_sasl_mechanism else "is not set"
+            raise ValueError(f"RLPULSE_KAFKA_SASL_MECHANISM {got}: {protocol} needs one of {', '.join(SASL_MECHANISMS)}")
+        for var, value in (("RLPULSE_KAFKA_SASL_USERNAME", s.kafka_sasl_username),
+                           ("RLPULSE_KAFKA_SASL_PASSWORD", s.kafka_sasl_password)):
+            if not value:
+                raise ValueError(f"{var} is not set: {protocol} with {s.kafka_sasl_mechanism} needs a username and a password")
+    elif s.kafka_sasl_mechanism:
+        raise ValueError(f"RLPULSE_KAFKA_SASL_MECHANISM is {s.kafka_sasl_mechanism} but RLPULSE_KAFKA_SECURITY_PROTOCOL "
+                         f"is {protocol}: SASL needs SASL_SSL (or SASL_PLAINTEXT)")
+    tls_files = (("RLPULSE_KAFKA_SSL_CAFILE", s.kafka_ssl_cafile), ("RLPULSE_KAFKA_SSL_CERTFILE", s.kafka_ssl_certfile),
+                 ("RLPULSE_KAFKA_SSL_KEYFILE", s.kafka_ssl_keyfile))
+    for var, path in tls_files:
+        if path and protocol not in ("SSL", "SASL_SSL"):
+            raise ValueError(f"{var} is set but RLPULSE_KAFKA_SECURITY_PROTOCOL is {protocol}: "
+                             "TLS files are used with SSL or SASL_SSL")
+        if path and not os.access(path, os.R_OK):
+            raise ValueError(f"{var}: {path} does not exist or cannot be read")
+    if s.kafka_ssl_keyfile and not s.kafka_ssl_certfile:
+        raise ValueError("RLPULSE_KAFKA_SSL_KEYFILE is set without RLPULSE_KAFKA_SSL_CERTFILE: the key goes with a client certificate")
 
 
 _DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "silent_after", "heartbeat_interval",

@@ -168,20 +168,18 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
 
 
 def _credentials(settings: Settings) -> object | None:
-    """Faust's form of the Kafka security settings (None for PLAINTEXT)."""
+    """Faust's form of the Kafka security settings (None for PLAINTEXT): the same protocol,
+    mechanism, user and TLS context (client certificate included) as ``Settings.kafka_client_kwargs``."""
     protocol = settings.kafka_security_protocol
     if protocol == "PLAINTEXT":
         return None
-    ssl_context = None
-    if protocol in ("SSL", "SASL_SSL"):
-        from aiokafka.helpers import create_ssl_context
-
-        ssl_context = create_ssl_context(cafile=settings.kafka_ssl_cafile or None)
+    ssl_context = settings.kafka_ssl_context()  # None for SASL_PLAINTEXT: Faust then says SASL_PLAINTEXT
     if protocol == "SSL":
         return faust.SSLCredentials(ssl_context)
+    # Settings validated the mechanism at load: never Faust's silent default of PLAIN.
     return faust.SASLCredentials(
         username=settings.kafka_sasl_username, password=settings.kafka_sasl_password,
-        mechanism=settings.kafka_sasl_mechanism or "PLAIN", ssl_context=ssl_context,
+        mechanism=settings.kafka_sasl_mechanism, ssl_context=ssl_context,
     )
 
 
