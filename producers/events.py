@@ -40,6 +40,25 @@ def require_str(field: str, value: Any, allow_empty: bool = False) -> str:
     return value if value.isascii() else require_text(field, value)
 
 
+# Input limits (README, "Input limits"): names and ids are keys of the streams' state and of
+# ClickHouse's sort orders, so they stay short; attribute values carry text (a prompt, an error).
+MAX_NAME = 256  # characters of project, run_id, stage, rollout_id, sample_id, a term, a span's name and ids
+MAX_KEY = 256  # characters of an attribute key
+MAX_VALUE = 64 * 1024  # characters of an attribute's string value or a span's status_message
+
+
+def too_long(field: str, value: str, limit: int) -> ValueError:
+    return ValueError(f"{field} is {len(value)} characters; at most {limit} are allowed")
+
+
+def require_name(field: str, value: Any, allow_empty: bool = False, limit: int = MAX_NAME) -> str:
+    """A non-empty string (or empty, if allowed) of at most ``limit`` characters that encodes as UTF-8."""
+    require_str(field, value, allow_empty)
+    if len(value) > limit:
+        raise too_long(field, value, limit)
+    return value
+
+
 def optional_str(field: str, value: Any) -> str | None:
     return None if value is None else require_str(field, value)
 
@@ -103,10 +122,10 @@ def float_map(field: str, values: Mapping[str, Any] | None, max_keys: int) -> di
         raise ValueError(f"{field} must be a mapping of names to floats, got {type(values).__name__}")
     if len(values) > max_keys:
         raise ValueError(f"{field} has {len(values)} keys; at most {max_keys} are allowed")
-    return {require_str(f"{field} key", k): require_finite(f"{field}[{k!r}]", v) for k, v in values.items()}
+    return {require_name(f"{field} key", k): require_finite(f"{field}[{k!r:.40}]", v) for k, v in values.items()}
 
 
-MAX_ATTRIBUTES = 64
+MAX_ATTRIBUTES = 128  # OpenTelemetry's default span attribute count limit: an OTel span never exceeds it
 FIELD_BYTES = 10  # what a number, a length prefix or a union branch costs in Avro, at most
 DICT_BYTES, ENTRY_BYTES = 240, 60  # a copied dict in memory, and each entry (see telemetry's *_QUEUED_BYTES)
 
@@ -117,7 +136,10 @@ def attribute_map(field: str, values: Mapping[str, Any] | None, max_keys: int = 
 
 
 def sized_attributes(field: str, values: Any, max_keys: int = MAX_ATTRIBUTES) -> tuple[dict[str, Any], int]:
-    """A checked copy of span attributes and their estimated encoded size."""
+    """A checked copy of span attributes and their estimated encoded size.
+
+    At most ``max_keys`` keys of at most MAX_KEY characters; string values of at most MAX_VALUE.
+    """
     if not isinstance(values, Mapping):
         raise ValueError(f"{field} must be a mapping, got {type(values).__name__}")
     if len(values) > max_keys:
@@ -125,12 +147,14 @@ def sized_attributes(field: str, values: Any, max_keys: int = MAX_ATTRIBUTES) ->
     out: dict[str, Any] = {}
     size = 0
     for key, value in values.items():
-        if type(key) is not str or not key or not key.isascii():
-            require_str(f"{field} key", key)
+        if type(key) is not str or not key or not key.isascii() or len(key) > MAX_KEY:
+            require_name(f"{field} key", key, limit=MAX_KEY)
         kind = type(value)
         if kind is str:
             if not value.isascii():
                 require_text(f"{field}[{key!r}]", value)
+            if len(value) > MAX_VALUE:
+                raise too_long(f"{field}[{key!r}]", value, MAX_VALUE)
             size += len(value)
         elif kind is float:
             if not math.isfinite(value):
@@ -145,6 +169,28 @@ def sized_attributes(field: str, values: Any, max_keys: int = MAX_ATTRIBUTES) ->
         size += len(key) + ENTRY_BYTES
         out[key] = value
     return out, size + DICT_BYTES
+
+
+_SPAN_NAMES = ("name", "rollout_id", "attempt_id", "term", "sample_id", "trace_id", "span_id", "parent_span_id")
+
+
+def check_span_limits(fields: Mapping[str, Any]) -> None:
+    """The input limits of a whole Span record (``publish_span``), after its schema check: ValueError naming the field."""
+    for name in _SPAN_NAMES:
+        value = fields.get(name)
+        if type(value) is str and len(value) > MAX_NAME:
+            raise too_long(name, value, MAX_NAME)
+    message = fields.get("status_message")
+    if type(message) is str and len(message) > MAX_VALUE:
+        raise too_long("status_message", message, MAX_VALUE)
+    if fields.get("attributes") is not None:
+        sized_attributes("attributes", fields["attributes"])
+    shares = fields.get("term_shares")
+    if shares:
+        float_map("term_shares", shares, MAX_TERMS)
+
+
+MAX_TERMS = 64  # distinct reward terms per run (the SDK's register), and term_shares keys per rollout
 
 
 def _plain(value: Any) -> Any:

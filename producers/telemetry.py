@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_TERMS = 64  # distinct reward terms per run: a high-cardinality guard (seed 000)
+MAX_TERMS = v.MAX_TERMS  # distinct reward terms per run: a high-cardinality guard (seed 000)
 SPAN_KINDS = ("ROLLOUT", "REWARD", "LLM", "TOOL", "GRADER", "ANNOTATION", "CUSTOM")
 # Encoded bytes of a span's fixed fields (ids, times, numbers, enum and union indexes), for
 # the too-large check; the variable ones (strings, maps) are added from their lengths.
@@ -43,7 +43,7 @@ DICT_QUEUED_BYTES = 240  # a copied term_shares or attributes dict, plus ENTRY_B
 ENTRY_BYTES = 60
 _OWN_FIELDS = frozenset(("project", "run_id", "attempt", "stage", "writer_id", "sequence_id"))  # set by the writer
 _NO_SHARES: dict[str, float] = {}  # shared, never mutated: the builders only read it
-assert v.MAX_DURATION_S == 1e9  # the calls test durations against this literal
+assert v.MAX_DURATION_S == 1e9 and v.MAX_NAME == 256  # the calls test these literals
 
 
 class TrainingTelemetry:
@@ -70,13 +70,13 @@ class TrainingTelemetry:
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         sender_config: SenderConfig | None = None,
     ):
-        self.project = v.require_str("project", project)
-        self.run_id = v.require_str("run_id", run_id)
+        self.project = v.require_name("project", project)
+        self.run_id = v.require_name("run_id", run_id)
         if type(attempt) is not int or not 1 <= attempt <= v.INT_MAX:
             raise ValueError(f"attempt must be a positive integer (Avro int), got {attempt!r}")
         self.attempt = attempt
         self.trainer = v.require_choice("trainer", trainer, v.TRAINERS)
-        self.stage = v.require_str("stage", stage, allow_empty=True)
+        self.stage = v.require_name("stage", stage, allow_empty=True)
         self.settings = settings or Settings.load()
         self.writer_id = os.urandom(8).hex()
         self.key = run_key(self.project, self.run_id)
@@ -208,8 +208,8 @@ class TrainingTelemetry:
         # and infinities; ints fit Avro long (a literal bound); only non-ASCII text is encoded.
         if type(step) is not int or step < 0 or step > 9223372036854775807:
             v.require_step("step", step)
-        if type(rollout_id) is not str or not rollout_id or not rollout_id.isascii():
-            v.require_str("rollout_id", rollout_id)
+        if type(rollout_id) is not str or not rollout_id or not rollout_id.isascii() or len(rollout_id) > 256:  # MAX_NAME
+            v.require_name("rollout_id", rollout_id)
         if type(reward) is not float or reward - reward:
             reward = v.require_finite("reward", reward)
         size = ROLLOUT_QUEUED_BYTES + len(rollout_id)
@@ -243,8 +243,8 @@ class TrainingTelemetry:
         elif type(clipped) is not bool:
             raise ValueError(f"clipped must be True, False or None, got {clipped!r}")
         if sample_id is not None:
-            if type(sample_id) is not str or not sample_id or not sample_id.isascii():
-                v.require_str("sample_id", sample_id)
+            if type(sample_id) is not str or not sample_id or not sample_id.isascii() or len(sample_id) > 256:
+                v.require_name("sample_id", sample_id)
             size += len(sample_id)
         if type(duration_s) is not float or not 0.0 <= duration_s <= 1e9:  # MAX_DURATION_S; NaN fails both
             duration_s = v.require_duration("duration_s", duration_s)
@@ -274,11 +274,11 @@ class TrainingTelemetry:
         # As in rollout(): every check first, a new term registered last
         if type(step) is not int or step < 0 or step > 9223372036854775807:
             v.require_step("step", step)
-        if type(rollout_id) is not str or not rollout_id or not rollout_id.isascii():
-            v.require_str("rollout_id", rollout_id)
+        if type(rollout_id) is not str or not rollout_id or not rollout_id.isascii() or len(rollout_id) > 256:  # MAX_NAME
+            v.require_name("rollout_id", rollout_id)
         new_term = type(term) is not str or term not in self._terms  # known terms were checked when first seen
         if new_term:
-            v.require_str("term", term)
+            v.require_name("term", term)
         if type(outcome) is not str or outcome not in v.GRADER_OUTCOMES:
             v.require_choice("outcome", outcome, v.GRADER_OUTCOMES)
         if type(duration_s) is not float or not 0.0 <= duration_s <= 1e9:  # MAX_DURATION_S, a literal: no lookup
@@ -336,6 +336,7 @@ class TrainingTelemetry:
             if fields.get(name) is None:
                 raise ValueError(f"span field {name} is required")
         self._sender.check("Span", fields, complete=False)
+        v.check_span_limits(fields)
         v.require_count("step", fields.get("step"))
         variable = {k: fields.get(k) for k in ("name", "status_message", "rollout_id", "attempt_id", "attributes",
                                                "term", "outcome", "sample_id", "term_shares")}

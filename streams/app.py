@@ -149,8 +149,9 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
         records = p.applied - throughput["records"]
         if records:
             log.info("run processor: %d records in %.0fs (%.0f/s); %d replayed records skipped, %d missing "
-                     "(sequence gaps) so far", records, now - throughput["at"], records / (now - throughput["at"]),
-                     p.duplicates, p.sequence_gaps)
+                     "(sequence gaps), %d refused by the input limits so far", records, now - throughput["at"],
+                     records / (now - throughput["at"]), p.duplicates, p.sequence_gaps,
+                     p.terms_refused + p.names_refused + p.runs_refused)
         throughput.update(at=now, records=p.applied)
 
     # Twice Faust's interval: it only steps in where Faust's own commit did not move.

@@ -18,6 +18,7 @@ CAUSES = ("timeout", "unavailable", "unreadable", "ungradable")  # grader failur
 UNKNOWN_CAUSE = "unknown"  # an outcome outside the contract still counts as a failure, under this cause
 MAX_SAMPLES = 4096  # distinct sample ids kept per step; more are counted in samples_dropped, not kept
 MAX_TERMS = 64  # the SDK's cap on distinct reward terms per run; more are counted in terms_dropped
+MAX_NAME = 256  # the SDK's cap on ids and names; a longer term or sample id from another writer is not kept
 
 
 class StepFigures:
@@ -77,7 +78,7 @@ class StepFigures:
         shares = span.get("term_shares")
         if shares:
             for term, share in shares.items():
-                if term in self.hist or len(self.hist) <= MAX_TERMS:
+                if term in self.hist or (len(self.hist) <= MAX_TERMS and len(term) <= MAX_NAME):
                     self._hist(term, float(share))
                 else:
                     self.terms_dropped += 1
@@ -92,7 +93,7 @@ class StepFigures:
         if sample is not None:
             group = self.samples.get(sample)
             if group is None:
-                if len(self.samples) >= MAX_SAMPLES:
+                if len(self.samples) >= MAX_SAMPLES or len(sample) > MAX_NAME:
                     self.samples_dropped += 1
                 else:
                     self.samples[sample] = [1, reward, reward, reward, reward * reward]

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from rlpulse.settings import AlertThresholds
 from streams.alerting import AlertBook, forget_run, grader_failure_rate, step_rules
-from streams.figures import NS, GraderWindow, StepFigures
+from streams.figures import MAX_NAME, MAX_TERMS, NS, GraderWindow, StepFigures
 from streams.stall import StallDetector
 from streams.state import Run
 
@@ -66,6 +66,11 @@ class RunConfig:
     silent_after_s: float = 300.0
     retention_s: float = 120.0  # closed windows and steps kept this long (event time) for late data
     thresholds: AlertThresholds = dataclasses.field(default_factory=AlertThresholds)
+    # Input limits for writers other than the SDK, which refuses these at the call (README, "Input
+    # limits"): the state of a run, and of a worker, stays bounded whatever arrives.
+    max_terms: int = MAX_TERMS  # distinct grader terms per run; spans of further terms are refused
+    max_runs: int = 10_000  # runs in this worker's state; a new run beyond it is refused until one expires
+    max_name: int = MAX_NAME  # characters of a project, run_id or term
 
     @classmethod
     def from_settings(cls, settings: Any) -> "RunConfig":
@@ -92,6 +97,12 @@ class RunProcessor:
         # saw (lost upstream, or skipped by the consumer): counted and logged, never silent.
         self.sequence_gaps = 0
         self.applied = 0  # records applied
+        # records refused by the input limits (RunConfig): grader spans of a run's excess terms or
+        # of an over-long term; records of an over-long project/run_id; records of new runs while
+        # the worker holds max_runs runs. Logged at the 1st, 10th, 100th ... and counted here.
+        self.terms_refused = 0
+        self.names_refused = 0
+        self.runs_refused = 0
 
     def behind(self, partition: int, now_ns: int) -> None:
         """``partition`` still has messages that were waiting when this worker got it: quiet counts from now."""
@@ -145,12 +156,18 @@ class RunProcessor:
 
     def _grader(self, run: Run, span: dict[str, Any]) -> None:
         start = span["time_ns"] - span["time_ns"] % self.size_ns
-        key = f"{span['attempt']}|{span['term']}|{start}"
+        term = span["term"]
+        key = f"{span['attempt']}|{term}|{start}"
         window = run.windows.get(key)
         if window is None:
             if start <= run.retired_windows.get(str(span["attempt"]), -1):
                 self._late(run, "grader span", key)
                 return
+            if term not in run.terms:  # checked once per new window, not per span
+                if len(run.terms) >= self.config.max_terms or len(term) > self.config.max_name:
+                    self._refuse_term(run, term)
+                    return
+                run.terms.append(term)
             window = run.windows[key] = GraderWindow()
         window.add(span)
 
@@ -209,6 +226,16 @@ class RunProcessor:
                 if k.split("|")[0] == attempt and f.end_ns is None:
                     f.end_ns = event["time_ns"]
         return [self._alert(run, a) for a in alerts]
+
+    def _refuse_term(self, run: Run, term: str) -> None:
+        run.terms_refused += 1
+        self.terms_refused += 1
+        if often(run.terms_refused - 1, run.terms_refused):
+            why = (f"a term of {len(term)} characters (at most {self.config.max_name})" if len(term) > self.config.max_name
+                   else f"term {term!r} would be distinct term number {len(run.terms) + 1} (at most {self.config.max_terms})")
+            log.warning("grader span of %s refused: %s; its figures stay bounded (%d grader spans refused for this "
+                        "run, %d on this worker); the raw span is still stored", run.key[:600], why,
+                        run.terms_refused, self.terms_refused)
 
     def _late(self, run: Run, what: str, key: str) -> None:
         run.late_dropped += 1
@@ -350,6 +377,12 @@ class RunProcessor:
         # cost 5% of the worker's time in a backlog with thousands of them.
         log.debug("alert %s %s %s: %s", alert["rule"], alert["state"], alert["key"], alert["summary"])
         return Output("alerts", run.key, "Alert", alert)
+
+
+def often(before: int, after: int) -> bool:
+    """True when a count going from ``before`` to ``after`` reached 1, 10, 100 ...: a flood of
+    refusals logs a few lines, not one each."""
+    return before == 0 < after or len(str(after)) > len(str(before))
 
 
 def _window_order(key: str) -> tuple[int, int, str]:

@@ -10,13 +10,16 @@ states whose ``partition`` is ``p``: the partition whose message last wrote them
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Any, MutableMapping
 
 from rlpulse.settings import AlertThresholds
 from schemas.catalogue import run_key
 from streams.alerting import AlertBook, hardware, hardware_tick
-from streams.runs import Output, Run, RunProcessor
+from streams.runs import Output, Run, RunProcessor, often
+
+log = logging.getLogger(__name__)
 
 
 class RunStage:
@@ -26,8 +29,8 @@ class RunStage:
         # key -> (the value last written, the live Run it came from): no rebuild while they agree
         self._cache: dict[str, tuple[Any, Run]] = {}
 
-    def _load(self, key: str, project: str, run_id: str, partition: int) -> Run:
-        value = self.table.get(key)
+    def _load(self, key: str, project: str, run_id: str, partition: int, value: Any = None) -> Run:
+        value = self.table.get(key) if value is None else value
         cached = self._cache.get(key)
         if cached is not None and cached[0] is value:
             return cached[1]
@@ -44,8 +47,25 @@ class RunStage:
         for r in records:
             by_run[run_key(r["project"], r["run_id"])].append(r)
         out: list[Output] = []
+        config, processor = self.processor.config, self.processor
         for key, rs in by_run.items():
-            run = self._load(key, rs[0]["project"], rs[0]["run_id"], partition)
+            project, run_id = rs[0]["project"], rs[0]["run_id"]
+            if len(project) > config.max_name or len(run_id) > config.max_name:
+                processor.names_refused += len(rs)
+                if often(processor.names_refused - len(rs), processor.names_refused):
+                    log.warning("%d %s records refused: project of %d and run_id of %d characters, at most %d each "
+                                "(%d refused on this worker)", len(rs), topic, len(project), len(run_id),
+                                config.max_name, processor.names_refused)
+                continue
+            value = self.table.get(key)
+            if not value and len(self.table) >= config.max_runs:
+                processor.runs_refused += len(rs)
+                if often(processor.runs_refused - len(rs), processor.runs_refused):
+                    log.error("%d %s records of the new run %s refused: this worker holds %d runs, at most %d; "
+                              "the run's figures start once ended runs expire (%d records refused on this worker)",
+                              len(rs), topic, key, len(self.table), config.max_runs, processor.runs_refused)
+                continue
+            run = self._load(key, project, run_id, partition, value)
             run.partition = partition
             out += self.processor.on_records(run, topic, rs, now_ns)
             self._store(key, run)

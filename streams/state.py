@@ -37,6 +37,10 @@ class Run:
         self.latest_attempt = 0  # the newest attempt the steps topic has shown
         self.late_dropped = 0
         self.rejected = 0  # records skipped as invalid (a NaN reward, a negative length)
+        # the run's distinct grader terms, in the order first seen: at most RunConfig.max_terms get
+        # windows; grader spans of further terms are refused and counted here
+        self.terms: list[str] = []
+        self.terms_refused = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"project": self.project, "run_id": self.run_id, "partition": self.partition, "marks": self.marks,
@@ -46,7 +50,8 @@ class Run:
                 "max_step": self.max_step, "retired_steps": self.retired_steps,
                 "retired_windows": self.retired_windows, "stalls": self.stalls, "rules": self.rules, "alerts": self.alerts,
                 "ended": self.ended, "finished": self.finished, "latest_attempt": self.latest_attempt,
-                "late_dropped": self.late_dropped, "rejected": self.rejected}
+                "late_dropped": self.late_dropped, "rejected": self.rejected, "terms": self.terms,
+                "terms_refused": self.terms_refused}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Run":
@@ -61,6 +66,9 @@ class Run:
         run.ended, run.late_dropped = list(d["ended"]), d["late_dropped"]
         run.finished = dict(d.get("finished", {}))
         run.latest_attempt, run.rejected = d.get("latest_attempt", 0), d.get("rejected", 0)
+        # state from a worker before the term cap: the terms its open windows name
+        run.terms = list(d["terms"]) if "terms" in d else list(dict.fromkeys(k.split("|")[1] for k in run.windows))
+        run.terms_refused = d.get("terms_refused", 0)
         return run
 
     def ident(self, attempt: int) -> dict[str, Any]:

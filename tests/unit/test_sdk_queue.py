@@ -92,11 +92,13 @@ def test_delivery_frees_the_budget():
     assert tel.pending == 1 and tel.dropped == 1
 
 
+# Ids and names are at most 256 characters and attribute values 64 KiB (tests/unit/test_input_limits.py),
+# so what can outgrow a message is many large attributes.
 @pytest.mark.parametrize("call, kwargs, field", [
-    ("rollout", dict(step=1, rollout_id="x", reward=0.5, sample_id="s" * 2_000_000), "sample_id"),
-    ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={"ok": 1, "blob": "b" * 2_000_000}), r"attributes\['blob'\]"),
-    ("rollout", dict(step=1, rollout_id="é" * 600_000, reward=0.5), "rollout_id"),  # 1.2 MB in UTF-8
-    ("grader", dict(step=1, rollout_id="x" * 2_000_000, term="judge", outcome="ok", duration_s=0.1), "rollout_id"),
+    ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={"ok": 1, **{f"blob{i}": "b" * 60_000 for i in range(20)}}),
+     r"attributes\['blob\d+'\]"),
+    ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={f"k{i}": "é" * 30_000 for i in range(20)}),
+     r"attributes\['k\d+'\]"),  # 600,000 characters, 1.2 MB in UTF-8
 ])
 def test_a_record_that_can_never_fit_is_refused_at_the_call(call, kwargs, field):
     tel = make()
@@ -107,17 +109,17 @@ def test_a_record_that_can_never_fit_is_refused_at_the_call(call, kwargs, field)
 
 def test_a_large_record_that_fits_is_accepted_and_encodes_below_the_limit():
     tel = make()
-    tel.rollout(step=1, rollout_id="x", reward=0.5, sample_id="é" * 300_000)  # 600 KB: near, not over
+    tel.rollout(step=1, rollout_id="x", reward=0.5, attributes={f"k{i}": "é" * 30_000 for i in range(10)})  # 600 KB: near, not over
     [(_, _, record)] = tel.sender.queued_records()
     containers, lost = tel.sender.transport.encode(tel.sender.queue.take(10))
     assert not lost and len(containers) == 1 and len(containers[0].value) < 1024 * 1024
-    assert Codec().decode(containers[0].value).records[0]["sample_id"] == record["sample_id"]
+    assert Codec().decode(containers[0].value).records[0]["attributes"] == record["attributes"]
 
 
 def test_message_limit_is_a_setting():
     tel = make(sender_config=SenderConfig(max_message_bytes=64 * 1024))
-    with pytest.raises(ValueError, match="sample_id is"):
-        tel.rollout(step=1, rollout_id="x", reward=0.5, sample_id="s" * 70_000)
+    with pytest.raises(ValueError, match=r"attributes\['a'\] is \d+ bytes"):
+        tel.rollout(step=1, rollout_id="x", reward=0.5, attributes={"a": "s" * 60_000, "b": "s" * 10_000})
 
 
 def test_transport_groups_and_splits_by_count_and_bytes():

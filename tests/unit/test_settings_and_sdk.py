@@ -44,7 +44,7 @@ def tel():
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={"j": "high"}), r"term_shares\['j'\] must be a finite number"),
         ("step_completed", dict(step=1, duration_s=-2.0), "duration_s must be >= 0.0"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={"k": [1, 2]}), r"attributes\['k'\] must be a string, bool, int or float"),
-        ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={f"k{i}": i for i in range(65)}), "attributes has 65 keys; at most 64"),
+        ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={f"k{i}": i for i in range(129)}), "attributes has 129 keys; at most 128"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={f"t{i}": 0.1 for i in range(65)}), "term_shares has 65 keys; at most 64"),
         # the inline fast paths hand anything unusual to the full checks
         ("rollout", dict(step=True, rollout_id="x", reward=0.5), "step must be a non-negative integer"),
