@@ -193,11 +193,8 @@ def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365,
     if not _NAME.match(db):
         raise ValueError(f"invalid database name {db!r}")
     client = store.client
-    client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
-    client.command(
-        f"CREATE TABLE IF NOT EXISTS {db}.schema_migrations (version String, applied_at DateTime DEFAULT now()) "
-        "ENGINE = ReplacingMergeTree ORDER BY version"
-    )
+    for statement in bootstrap_statements(db):
+        client.command(statement)
     done = {row[0] for row in client.query(f"SELECT version FROM {db}.schema_migrations").result_rows}
     applied = []
     for path in sorted(MIGRATIONS.glob("*.sql")):
@@ -205,12 +202,25 @@ def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365,
             break
         if path.stem in done:
             continue
-        sql = path.read_text().replace("{db}", db).replace("{ttl_raw_days}", str(int(ttl_raw_days)))
-        for statement in _statements(sql.replace("{ttl_aggregate_days}", str(int(ttl_aggregate_days)))):
+        for statement in migration_statements(path, db, ttl_raw_days, ttl_aggregate_days):
             client.command(statement)
         client.insert(f"{db}.schema_migrations", [[path.stem]], column_names=["version"])
         applied.append(path.stem)
     return applied
+
+
+def bootstrap_statements(db: str) -> list[str]:
+    """What migrate() runs before any migration: the database and the table recording the applied ones."""
+    return [f"CREATE DATABASE IF NOT EXISTS {db}",
+            f"CREATE TABLE IF NOT EXISTS {db}.schema_migrations (version String, applied_at DateTime DEFAULT now()) "
+            "ENGINE = ReplacingMergeTree ORDER BY version"]
+
+
+def migration_statements(path: Path, db: str, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365) -> list[str]:
+    """The statements of migration file ``path`` as migrate() runs them (the compose stack's sink user
+    must be granted what these need: deploy/clickhouse/users.d/rlpulse.xml)."""
+    sql = path.read_text().replace("{db}", db).replace("{ttl_raw_days}", str(int(ttl_raw_days)))
+    return _statements(sql.replace("{ttl_aggregate_days}", str(int(ttl_aggregate_days))))
 
 
 def table_columns(store: Store) -> dict[str, dict[str, str]]:
