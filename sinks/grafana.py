@@ -11,23 +11,36 @@ The saved queries' header comments become the panel descriptions; the SQL body b
 the ClickHouse server-side parameters replaced by Grafana variables or plugin macros:
 
     {db}                          -> rlpulse
-    {run_id:String}               -> '${run_id}'      (query variable: recent run_ids in rlpulse.steps)
-    {attempt:UInt32}              -> ${attempt}       (text box, default 1)
-    {rollout_id:String}           -> '${rollout_id}'  (text box)
+    {run_id:String}               -> decodeURLComponent('${run_id:percentencode}')            (query variable:
+                                     recent run_ids in rlpulse.steps)
+    {attempt:UInt32}              -> toUInt32(decodeURLComponent('${attempt:percentencode}'))  (text box, default 1)
+    {rollout_id:String}           -> decodeURLComponent('${rollout_id:percentencode}')        (text box)
     {since:DateTime64(3, 'UTC')}  -> $__fromTime_ms   (plugin macro: fromUnixTimestamp64Milli(<from ms>))
     {until:DateTime64(3, 'UTC')}  -> $__toTime_ms     (plugin macro: fromUnixTimestamp64Milli(<to ms>))
 
 i.e. ``since``/``until`` follow the dashboard's time range. The ``_ms`` macros give DateTime64(3), the
 parameters' type; the plugin's ``$__fromTime``/``$__toTime`` give whole seconds (``toDateTime(<s>)``).
-The plugin passes a single-valued variable through as typed, hence the quotes around the strings.
 A parameter not in this table (or of another type) raises ``UnmappedParameterError``.
+
+Why percent-encoding: anyone who can open the dashboard (anonymous viewers) sets the variables from
+the URL (``?var-run_id=...``), and Grafana pastes them into the SQL text. The plugin's own format
+passes a single value through untouched, so ``'${run_id}'`` lets ``x' OR 1=1 --`` out of the
+literal. Grafana's ``sqlstring`` format doubles ``'`` but leaves ``\\`` alone, and ClickHouse reads
+``\\'`` inside a literal as an escaped quote, so ``x\\' OR 1=1 --`` still gets out (``singlequote``
+escapes ``'`` as ``\\'``: the same hole from the other side). ``percentencode`` (Grafana's
+encodeURIComponentStrict) leaves only ``A-Za-z0-9-_.~%`` in the text, none of which ends or escapes
+a ClickHouse string literal, and ``decodeURLComponent`` gives back the exact value. So every value,
+whatever its characters, is one string literal. ``grafana_interpolate`` does what Grafana does with
+these formats (its formatRegistry: grafana/scenes packages/scenes/src/variables/interpolation/
+formatRegistry.ts), for the tests to render each panel with hostile values.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Mapping
+from urllib.parse import quote
 
 from sinks.queries import _PLACEHOLDER, list_saved, load_saved
 
@@ -35,9 +48,9 @@ DATABASE = "rlpulse"
 DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "rlpulse-clickhouse"}
 # parameter name -> (the ClickHouse type it must have, up to its first "(", and what replaces it)
 MAPPING: dict[str, tuple[str, str]] = {
-    "run_id": ("String", "'${run_id}'"),
-    "attempt": ("UInt32", "${attempt}"),
-    "rollout_id": ("String", "'${rollout_id}'"),
+    "run_id": ("String", "decodeURLComponent('${run_id:percentencode}')"),
+    "attempt": ("UInt32", "toUInt32(decodeURLComponent('${attempt:percentencode}'))"),
+    "rollout_id": ("String", "decodeURLComponent('${rollout_id:percentencode}')"),
     "since": ("DateTime64", "$__fromTime_ms"),
     "until": ("DateTime64", "$__toTime_ms"),
 }
@@ -47,6 +60,49 @@ TRENDS: dict[str, list[str]] = {
     "reward-percentiles": ["p10", "p50", "p90"],
 }
 RUN_IDS_SQL = f"SELECT DISTINCT run_id FROM {DATABASE}.steps ORDER BY run_id DESC LIMIT 200"
+
+
+# Grafana's variable syntax (its VARIABLE_REGEX): $name, [[name:format]], ${name.fieldPath:format}.
+VARIABLE = re.compile(r"\$(\w+)|\[\[(\w+?)(?::(\w+))?\]\]|\$\{(\w+)(?:\.([^:^}]+))?(?::([^}]+))?\}")
+
+
+def _encode_uri_component_strict(value: str) -> str:
+    """Grafana's encodeURIComponentStrict: encodeURIComponent, then also ! ' ( ) *. Leaves A-Za-z0-9 - _ . ~"""
+    return quote(value, safe="")  # Python's unreserved set is exactly that one; UTF-8, upper-case hex
+
+
+def _sqlstring(value: str) -> str:
+    """Grafana's sqlstring format: ' doubled, " as \\", all in single quotes (backslashes untouched)."""
+    return "'" + value.replace("'", "''").replace('"', '\\"') + "'"
+
+
+def _singlequote(value: str) -> str:
+    """Grafana's singlequote format: ' as \\', in single quotes (backslashes untouched)."""
+    return "'" + value.replace("'", "\\'") + "'"
+
+
+# Format -> formatter, for a single (non-multi) value. No format: the ClickHouse plugin's own, which
+# passes a single value through as it is (CHDatasource.format in grafana/clickhouse-datasource).
+FORMATS = {"percentencode": _encode_uri_component_strict, "sqlstring": _sqlstring, "singlequote": _singlequote,
+           "raw": str, None: str}
+
+
+def grafana_interpolate(sql: str, variables: Mapping[str, str]) -> str:
+    """``sql`` with each dashboard variable replaced as Grafana and the ClickHouse plugin replace it.
+
+    Names not in ``variables`` (the plugin's ``$__`` macros) stay, as Grafana leaves them for the plugin.
+    A format outside ``FORMATS`` raises ValueError (Grafana would fall back to glob)."""
+
+    def swap(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2) or m.group(4)
+        fmt = m.group(3) or m.group(6)
+        if name not in variables:
+            return m.group(0)
+        if fmt not in FORMATS:
+            raise ValueError(f"variable {name}: format {fmt!r} is not one grafana_interpolate knows ({sorted(map(str, FORMATS))})")
+        return FORMATS[fmt](variables[name])
+
+    return VARIABLE.sub(swap, sql)
 
 
 class UnmappedParameterError(ValueError):

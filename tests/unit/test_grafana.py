@@ -16,27 +16,27 @@ from pathlib import Path
 
 import pytest
 
-from sinks.grafana import DATASOURCE, RUN_IDS_SQL, UnmappedParameterError, dashboard, grafana_sql
+from sinks.grafana import DATASOURCE, RUN_IDS_SQL, UnmappedParameterError, dashboard, grafana_interpolate, grafana_sql
 from sinks.queries import list_saved
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED_IN = REPO / "deploy" / "grafana" / "dashboards" / "rlpulse.json"
 PROVISIONING = REPO / "deploy" / "grafana" / "provisioning"
 REGENERATE = "python -m sinks.grafana > deploy/grafana/dashboards/rlpulse.json"
-# What Grafana (variables) and the ClickHouse plugin (macros) put in place of each, for a test.
-TEST_VALUES = {
-    "${run_id}": "run-1",
-    "${attempt}": "1",
-    "${rollout_id}": "rollout-1",
+# The dashboard variables' values for a test (Grafana formats them), and what the ClickHouse plugin
+# puts in place of its macros.
+TEST_VALUES = {"run_id": "run-1", "attempt": "1", "rollout_id": "rollout-1"}
+MACROS = {
     "$__fromTime_ms": "fromUnixTimestamp64Milli(1735689600000)",
     "$__toTime_ms": "fromUnixTimestamp64Milli(1735776000000)",
 }
 LEFTOVER = re.compile(r"\{\w+(:[^{}]*)?\}|\$")
 
 
-def expanded(sql: str) -> str:
-    for variable, value in TEST_VALUES.items():
-        sql = sql.replace(variable, value)
+def expanded(sql: str, values: dict[str, str] = TEST_VALUES) -> str:
+    sql = grafana_interpolate(sql, values)
+    for macro, value in MACROS.items():
+        sql = sql.replace(macro, value)
     return sql
 
 
@@ -78,7 +78,9 @@ def test_parameters_map_to_variables_and_macros() -> None:
     sql = "SELECT * FROM {db}.t WHERE a = {run_id:String} AND b = {attempt:UInt32} AND c = {rollout_id:String}" \
           " AND t >= {since:DateTime64(3, 'UTC')} AND t < {until:DateTime64(3, 'UTC')}"
     assert grafana_sql("q", "-- {comment:Ignored}\n" + sql) == (
-        "SELECT * FROM rlpulse.t WHERE a = '${run_id}' AND b = ${attempt} AND c = '${rollout_id}'"
+        "SELECT * FROM rlpulse.t WHERE a = decodeURLComponent('${run_id:percentencode}')"
+        " AND b = toUInt32(decodeURLComponent('${attempt:percentencode}'))"
+        " AND c = decodeURLComponent('${rollout_id:percentencode}')"
         " AND t >= $__fromTime_ms AND t < $__toTime_ms")
 
 
@@ -119,9 +121,11 @@ def test_yaml_files_parse_and_agree() -> None:
     yaml = pytest.importorskip("yaml")
     (source,) = yaml.safe_load((PROVISIONING / "datasources" / "clickhouse.yaml").read_text())["datasources"]
     assert {"type": source["type"], "uid": source["uid"]} == DATASOURCE
-    wanted = {"host": "clickhouse", "port": 8123, "protocol": "http", "username": "rlpulse", "defaultDatabase": "rlpulse"}
+    # The read-only user; its password from Grafana's environment, never in the file.
+    wanted = {"host": "clickhouse", "port": 8123, "protocol": "http", "username": "rlpulse_reader",
+              "defaultDatabase": "rlpulse"}
     assert {key: source["jsonData"].get(key) for key in wanted} == wanted
-    assert source["secureJsonData"]["password"] == "rlpulse"
+    assert source["secureJsonData"] == {"password": "$RLPULSE_READER_PASSWORD"}
     (provider,) = yaml.safe_load((PROVISIONING / "dashboards" / "rlpulse.yaml").read_text())["providers"]
     assert provider["type"] == "file"
 
@@ -130,6 +134,9 @@ def test_yaml_files_parse_and_agree() -> None:
     grafana = compose["services"]["grafana"]
     assert grafana["depends_on"]["clickhouse"]["condition"] == "service_healthy"
     assert "127.0.0.1:3000:3000" in grafana["ports"]
+    reader_password = compose["services"]["clickhouse"]["environment"]["RLPULSE_READER_PASSWORD"]
+    assert reader_password.startswith("${RLPULSE_READER_PASSWORD:-")
+    assert grafana["environment"]["RLPULSE_READER_PASSWORD"] == reader_password
     mounts = {}
     for volume in grafana["volumes"]:
         host, target, *mode = volume.split(":")
