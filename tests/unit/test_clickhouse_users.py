@@ -240,3 +240,23 @@ def test_chdb_config_is_that_users_grants(tmp_path: Path) -> None:
     assert [q.text for q in users.findall("users/default/grants/query")] == grants(READER)
     assert users.findtext("users/default/profile") == "rlpulse_reader"
     assert users.findtext(f"profiles/{profile(READER)}/readonly") == "1"
+
+
+def test_compose_gives_the_server_these_users_and_the_sink_its_own() -> None:
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    clickhouse = compose["services"]["clickhouse"]
+    assert f"./{USERS_FILE.relative_to(REPO)}:/etc/clickhouse-server/users.d/rlpulse.xml:ro" in clickhouse["volumes"]
+    assert "./deploy/clickhouse/config.d/rlpulse.xml:/etc/clickhouse-server/config.d/rlpulse.xml:ro" in clickhouse["volumes"]
+    env = clickhouse["environment"]
+    # No CLICKHOUSE_USER/PASSWORD: the image would make that user an administrator reachable from outside.
+    assert not {"CLICKHOUSE_USER", "CLICKHOUSE_PASSWORD", "CLICKHOUSE_DEFAULT_ACCESS_MANAGEMENT"} & set(env)
+    root = ET.parse(USERS_FILE).getroot()
+    for name in (SINK, READER):  # each from_env variable is set in the container
+        assert root.find(f"users/{name}/password").get("from_env") in env
+    sink_password = env["RLPULSE_SINK_PASSWORD"]
+    assert sink_password.startswith("${RLPULSE_SINK_PASSWORD:-")
+    for service in ("sink", "streams"):
+        assert compose["services"][service]["environment"]["RLPULSE_CLICKHOUSE_URL"] == \
+            f"http://{SINK}:{sink_password}@clickhouse:8123/rlpulse"
+    assert READER in " ".join(clickhouse["healthcheck"]["test"])
