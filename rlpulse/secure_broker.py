@@ -2,9 +2,9 @@
 client certificate (mTLS), opened beside its PLAINTEXT listener by ``services.up(settings, tls)``.
 
 This is how the clients are tested against a broker that demands TLS and SASL
-(tests/integration/test_kafka_security.py, which makes the certificates with openssl). The
-controller and the broker's own traffic stay on PLAINTEXT, so SCRAM users are created through
-that listener with Kafka's own ConfigCommand.
+(tests/integration/test_kafka_security.py; tests/kafka_tls.py makes the certificates with
+openssl). The controller and the broker's own traffic stay on PLAINTEXT, so SCRAM users are
+created through that listener with Kafka's own ConfigCommand.
 """
 
 from __future__ import annotations
