@@ -265,7 +265,7 @@ def up(settings: Settings, tls: TlsListeners | None = None) -> None:
     if pid is not None:
         deadline = time.monotonic() + START_TIMEOUT  # it may still be starting (a concurrent `up`)
         with Ticker(f"waiting for the broker rlpulse started (pid {pid}) to answer on {bootstrap}", say=_say):
-            while not broker_answers(bootstrap, 2.0):
+            while not broker_answers(bootstrap, 2.0, **_security_kwargs(settings)):  # the port may be a TLS listener
                 if time.monotonic() > deadline or our_pid(settings) is None:
                     raise ServicesError(f"the broker rlpulse started (pid {pid}) does not answer on {bootstrap}; "
                                         f"run `rlpulse services down` and look at {log}")
