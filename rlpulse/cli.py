@@ -176,7 +176,9 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     from rlpulse.settings import parse_duration
 
     settings = _settings(args)
-    asyncio.run(serve_alerts(settings, args.webhook, args.from_beginning, args.once, group=args.group,
+    # The URL carries its token (Slack, Teams): from the environment it stays out of `ps`.
+    webhook = args.webhook or os.environ.get("RLPULSE_ALERTS_WEBHOOK") or None
+    asyncio.run(serve_alerts(settings, webhook, args.from_beginning, args.once, group=args.group,
                              give_up_after_s=parse_duration(args.give_up_after), timeout_s=parse_duration(args.webhook_timeout)))
     return 0
 
@@ -357,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "carries alert_id (JSON body) and an Idempotency-Key header with the same value, one per "
                        "alert transition, for the receiver to drop duplicates. Logs name only the webhook's "
                        "scheme and host.")
-    p.add_argument("--webhook", help="POST each alert as JSON to this URL (retried with backoff; see --give-up-after)")
+    p.add_argument("--webhook", help="POST each alert as JSON to this URL (retried with backoff; see --give-up-after). "
+                   "RLPULSE_ALERTS_WEBHOOK keeps the URL and its token out of the process list")
     p.add_argument("--group", help="consumer group whose committed offsets say where to resume (default <prefix>-alerts)")
     p.add_argument("--from-beginning", action="store_true",
                    help="a group with no committed offset starts at the beginning of the topic, not its end")
