@@ -183,6 +183,9 @@ def fetch_jars(settings: Settings) -> Path:
     if run.returncode != 0:
         tail = "\n".join((run.stdout + run.stderr).splitlines()[-20:])
         raise ServicesError(f"mvn failed (exit {run.returncode}) fetching the Kafka jars:\n{tail}")
+    for jar in libs.iterdir():  # mvn copies ~/.m2's modes (0644): everything under the home is the owner's only
+        if jar.stat().st_mode & 0o077:
+            jar.chmod(0o600)
     _write_private(marker, _jar_set_id() + "\n")
     _say(f"fetched {len(list(libs.glob('*.jar')))} jars in {time.monotonic() - started:.0f}s")
     return libs
