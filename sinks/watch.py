@@ -1,7 +1,8 @@
 """``rlpulse watch``: a live terminal view of the active runs, read from ClickHouse.
 
 :func:`snapshot` reads one frame's figures into plain dataclasses; :func:`render` turns a
-snapshot into a rich renderable; :func:`watch` refreshes it in a rich ``Live`` view.
+snapshot into a rich renderable that lays itself out on the terminal's width (sinks/watch_view.py);
+:func:`watch` refreshes it in a rich ``Live`` view.
 
 What the view counts as an active run, and how each figure is taken:
 
@@ -35,18 +36,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console
 from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 from sinks.clickhouse import Store
+from sinks.watch_view import age, header, render  # noqa: F401 (the view's layout; re-exported)
 
 NS = 1_000_000_000
 RECENT_S = 600.0
 RATE_WINDOW_S = 300.0
 PLACEMENT_SPAN_NS = 60 * NS  # a placement row covers its GPU for this long (as sinks/queries/gpu-utilization-by-run.sql)
-STATE_STYLES = {"RUNNING": "green", "STALLED": "bold yellow", "SILENT": "bold red", "ENDED": "dim"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +56,7 @@ class Gpu:
     utilization: float | None  # fraction 0..1 of the latest sample; None: no sample in the placement's time
     power_w: float | None
     sample_ns: int | None
+    memory: float | None = None  # memory used / total (0..1) of the latest sample
 
 
 @dataclass(frozen=True)
@@ -176,22 +176,24 @@ def _gpus(store: Store, keys: list[str]) -> dict[str, list[Gpu]]:
                countIf(s.time_ns BETWEEN p.lo AND p.hi) AS n,
                argMaxIf(s.gpu_utilization, s.time_ns, s.time_ns BETWEEN p.lo AND p.hi),
                argMaxIf(s.power_w, s.time_ns, s.time_ns BETWEEN p.lo AND p.hi),
-               maxIf(s.time_ns, s.time_ns BETWEEN p.lo AND p.hi)
+               maxIf(s.time_ns, s.time_ns BETWEEN p.lo AND p.hi),
+               argMaxIf(s.memory_utilization, s.time_ns, s.time_ns BETWEEN p.lo AND p.hi)
         FROM (SELECT concat(project, '/', run_id, '/', toString(attempt)) AS k, assumeNotNull(hw_id) AS hw_id,
                      any(host) AS host, any(`index`) AS idx, min(time_ns) AS lo, max(time_ns) + {PLACEMENT_SPAN_NS} AS hi
               FROM {{db}}.placements
               WHERE k IN {{keys:Array(String)}} AND hw_id IS NOT NULL AND hw_id != ''
               GROUP BY k, hw_id) AS p
-        LEFT JOIN (SELECT hw_id, time_ns, gpu_utilization, power_w FROM {{db}}.gpu_samples
+        LEFT JOIN (SELECT hw_id, time_ns, gpu_utilization, power_w, memory_utilization FROM {{db}}.gpu_samples
                    WHERE hw_id IN (SELECT assumeNotNull(hw_id) FROM {{db}}.placements
                                    WHERE concat(project, '/', run_id, '/', toString(attempt)) IN {{keys:Array(String)}}
                                      AND hw_id IS NOT NULL)) AS s ON s.hw_id = p.hw_id
         GROUP BY p.k, p.hw_id, p.host, p.idx ORDER BY p.k, p.idx, p.hw_id""", keys=keys)
     out: dict[str, list[Gpu]] = {}
-    for k, hw_id, host, idx, n, util, power, t in rows:
+    for k, hw_id, host, idx, n, util, power, t, memory in rows:
         sampled = n > 0
         out.setdefault(k, []).append(Gpu(hw_id, host, None if idx is None else int(idx), float(util) if sampled else None,
-                                         float(power) if sampled else None, int(t) if sampled else None))
+                                         float(power) if sampled else None, int(t) if sampled else None,
+                                         float(memory) if sampled else None))
     return out
 
 
@@ -257,86 +259,6 @@ def snapshot(store: Store, now_ns: int, project: str | None = None, show_all: bo
         any_runs = bool(_rows(store, "SELECT count() > 0 FROM {db}.steps" + where, project=project or "")[0][0])
     return WatchSnapshot(store.url, store.database, now_ns, runs, any_runs, show_all, project, recent_s,
                          getattr(store, "endpoint", None))
-
-
-def age(ns: int) -> str:
-    """A duration as ``4s``, ``2m05s``, ``1h03m``."""
-    s = max(0, int(ns // NS))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def header(snap: WatchSnapshot, note: str = "") -> Text:
-    clock = time.strftime("%H:%M:%S UTC", time.gmtime(snap.now_ns / NS))
-    counts: dict[str, int] = {}
-    for r in snap.runs:
-        counts[r.state] = counts.get(r.state, 0) + 1
-    summary = ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
-    via = f" (through the sink's read endpoint {snap.endpoint})" if snap.endpoint else ""
-    text = Text(f"rlpulse watch  {snap.url}{via}  database {snap.database}  {clock}", style="bold")
-    text.append(f"\n{len(snap.runs)} runs" + (f" ({summary})" if summary else ""))
-    if snap.project:
-        text.append(f"  project {snap.project}")
-    if note:
-        text.append(f"  {note}", style="dim")
-    return text
-
-
-def render(snap: WatchSnapshot, note: str = "", error: str | None = None) -> RenderableType:
-    """The frame: a header, one line per run, then the runs' GPUs and open alerts."""
-    parts: list[RenderableType] = [header(snap, note)]
-    if error:
-        parts.append(Text(error, style="bold red"))
-    if not snap.runs:
-        if snap.any_runs:
-            scope = "" if snap.show_all else f" in the last {age(int(snap.recent_s * NS))}; `rlpulse watch --all` shows every run"
-            parts.append(Text(f"no active runs in {snap.database}{scope}", style="yellow"))
-        else:
-            parts.append(Text(f"no runs yet in {snap.database} — start a job or `rlpulse demo`", style="yellow"))
-        return Group(*parts)
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for name, justify in (("RUN", "left"), ("ATT", "right"), ("STATE", "left"), ("STEP", "right"),
-                          ("STEPS/MIN", "right"), ("REWARD", "right"), ("CLIPPED", "right"), ("FAIL", "right"),
-                          ("GPUS", "right"), ("ALERTS", "right"), ("LAST", "right")):
-        table.add_column(name, justify=justify, no_wrap=True, overflow="ellipsis" if name == "RUN" else "fold")
-    for r in snap.runs:
-        table.add_row(f"{r.project}/{r.run_id}", str(r.attempt), Text(r.state, style=STATE_STYLES[r.state]),
-                      "-" if r.step is None else str(r.step), _num(r.steps_per_min, ".1f"), _num(r.reward_mean, ".3f"),
-                      _num(r.clipped_ratio, ".1%"), _num(r.failure_rate, ".1%"), str(len(r.gpus)),
-                      Text(str(len(r.alerts)), style="bold red" if r.alerts else ""), age(snap.now_ns - r.last_ns),
-                      style="dim" if r.state == "ENDED" else None)
-    parts.append(table)
-    gpus = [(r, g) for r in snap.runs for g in r.gpus]
-    if gpus:
-        grid = Table(title="GPUs", title_justify="left", title_style="bold", box=None, header_style="bold", pad_edge=False)
-        for name in ("RUN", "GPU", "HOST", "UTIL", "POWER", "SAMPLE"):
-            grid.add_column(name, justify="right" if name in ("UTIL", "POWER", "SAMPLE") else "left", no_wrap=True)
-        for r, g in gpus:
-            where = g.host + ("" if g.index is None else f" #{g.index}")
-            if g.sample_ns is None:
-                util, power, seen = "-", "-", "no sample"
-            else:
-                util, power, seen = f"{g.utilization * 100:.0f}%", f"{g.power_w:.0f} W", f"{age(snap.now_ns - g.sample_ns)} ago"
-            grid.add_row(f"{r.project}/{r.run_id}", g.hw_id, where, util, power, seen,
-                         style="dim" if r.state == "ENDED" else None)
-        parts += [Text(), grid]
-    alerts = {(a.rule, a.key): (r, a) for r in snap.runs for a in r.alerts}
-    if alerts:
-        grid = Table(title="Open alerts", title_justify="left", title_style="bold", box=None, header_style="bold",
-                     pad_edge=False)
-        for name in ("RULE", "KEY", "SEVERITY", "FOR", "SUMMARY"):
-            grid.add_column(name, no_wrap=name != "SUMMARY", overflow="fold")
-        for r, a in sorted(alerts.values(), key=lambda ra: (ra[1].since_ns, ra[1].rule, ra[1].key)):
-            grid.add_row(Text(a.rule, style="red"), a.key, a.severity, age(snap.now_ns - a.since_ns), a.summary)
-        parts += [Text(), grid]
-    return Group(*parts)
 
 
 class _Reader:

@@ -191,18 +191,99 @@ def test_render_lines(store_url: str) -> None:
     with open_store(store_url, owner="test") as store:
         text = _frame(snapshot(store, NOW))
     runs = text[:text.index("GPUs")]
-    assert _line(runs, "p/alpha") == ["p/alpha", "2", "RUNNING", "14", "1.8", "0.625", "25.0%", "10.0%", "1", "2", "10s"]
-    assert _line(runs, "p/beta") == ["p/beta", "1", "STALLED", "0", "0.5", "-", "-", "-", "0", "1", "5s"]
-    assert _line(runs, "p/gamma") == ["p/gamma", "1", "SILENT", "2", "0.0", "-", "-", "-", "0", "2", "20m00s"]
-    assert _line(runs, "p/delta") == ["p/delta", "1", "ENDED", "1", "1.0", "-", "-", "-", "0", "0", "3m00s"]
+    assert _line(runs, "RUN") == ["RUN", "ATT", "STATE", "STEP", "STEPS/MIN", "REWARD", "CLIPPED", "FAIL", "GPUS",
+                                  "ALERTS", "LAST", "PROJECT"]
+    assert _line(runs, "alpha") == ["alpha", "2", "RUNNING", "14", "1.8", "0.625", "25.0%", "10.0%", "1", "2", "10s", "p"]
+    assert _line(runs, "beta") == ["beta", "1", "STALLED", "0", "0.5", "-", "-", "-", "0", "1", "5s", "p"]
+    assert _line(runs, "gamma") == ["gamma", "1", "SILENT", "2", "0.0", "-", "-", "-", "0", "2", "20m00s", "p"]
+    assert _line(runs, "delta") == ["delta", "1", "ENDED", "1", "1.0", "-", "-", "-", "0", "0", "3m00s", "p"]
+    assert _line(runs, "other")[-1] == "q"
     assert "5 runs (1 silent, 1 stalled, 2 running, 1 ended)" in text
     gpus = text[text.index("GPUs"):text.index("Open alerts")]
-    assert _line(gpus, "p/alpha") == ["p/alpha", "GPU-a1", "h1", "#0", "90%", "312", "W", "20s", "ago"]
+    assert _line(gpus, "RUN") == ["RUN", "GPU", "HOST", "UTIL", "POWER", "MEM", "SAMPLE"]
+    assert _line(gpus, "alpha") == ["alpha", "GPU-a1", "h1", "#0", "90%", "312", "W", "50%", "20s", "ago"]
     alerts = text[text.index("Open alerts"):].splitlines()
+    assert alerts[1].split() == ["RULE", "KEY", "SEVERITY", "FOR", "SUMMARY"]
     assert [ln.split()[:2] for ln in alerts[2:]] == [
         ["stalled_run", "p/gamma/1"], ["silent_run", "p/gamma/1"], ["grader_failure_rate", "p/alpha/2/judge"],
         ["stalled_run", "p/beta/1"], ["xid", "GPU-a1"]]
     assert alerts[3].split() == ["silent_run", "p/gamma/1", "warning", "15m00s", "silent_run", "on", "p/gamma/1"]
+
+
+LONG = {"p": "demo-20261203-150728", "q": "demo-20261203-161500"}
+UUID = "GPU-8c7b1e4f-2a3d-4f5e-9a8b-1c2d3e4f5a6b"
+
+
+def _long_names(snap: WatchSnapshot) -> WatchSnapshot:
+    """The seeded snapshot with names as long as real ones: the simulator's run ids hold the project
+    (``demo-20261203-150728-grpo-qwen7b-alpha``), GPUs have UUIDs."""
+    def run_id(project: str, run: str) -> str:
+        return f"{LONG[project]}-grpo-qwen7b-{run}"
+
+    def alert(a):
+        if not a.project:
+            return dataclasses.replace(a, key=UUID)
+        old, new = f"{a.project}/{a.run_id}/", f"{LONG[a.project]}/{run_id(a.project, a.run_id)}/"
+        return dataclasses.replace(a, key=a.key.replace(old, new), project=LONG[a.project],
+                                   run_id=run_id(a.project, a.run_id))
+    runs = [dataclasses.replace(r, project=LONG[r.project], run_id=run_id(r.project, r.run_id),
+                                gpus=[dataclasses.replace(g, hw_id=UUID) for g in r.gpus],
+                                alerts=[alert(a) for a in r.alerts]) for r in snap.runs]
+    return dataclasses.replace(snap, runs=runs)
+
+
+RUN_HEADINGS = ["RUN", "ATT", "STATE", "STEP", "STEPS/MIN", "REWARD", "CLIPPED", "FAIL", "GPUS", "ALERTS", "LAST",
+                "PROJECT"]
+GPU_HEADINGS = ["RUN", "GPU", "HOST", "UTIL", "POWER", "MEM", "SAMPLE"]
+ALERT_HEADINGS = ["RULE", "KEY", "SEVERITY", "FOR", "SUMMARY"]
+# the columns shown with the long names: the essential ones at 80, all at 200
+SHOWN = {
+    80: (["RUN", "STATE", "STEP", "STEPS/MIN", "REWARD", "CLIPPED", "FAIL"],
+         ["RUN", "GPU", "UTIL", "POWER", "MEM", "SAMPLE"], ["RULE", "KEY", "SEVERITY", "FOR"]),
+    120: (RUN_HEADINGS[:-1], GPU_HEADINGS, ALERT_HEADINGS),
+    200: (RUN_HEADINGS, GPU_HEADINGS, ALERT_HEADINGS),
+}
+
+
+def _tables(text: str) -> tuple[list[str], list[str], list[str]]:
+    return (text[:text.index("GPUs")].splitlines(), text[text.index("GPUs"):text.index("Open alerts")].splitlines(),
+            text[text.index("Open alerts"):].splitlines())
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_render_widths(store_url: str, width: int) -> None:
+    """At 80, 120 and 200 columns: no line is wider than the terminal, every heading shown is whole (the
+    essential columns always), and each run is told apart by its id's end even when the id is cut."""
+    with open_store(store_url, owner="test") as store:
+        seeded = snapshot(store, NOW)
+    for snap in (seeded, _long_names(seeded)):
+        text = _frame(snap, width)
+        assert max(len(ln) for ln in text.splitlines()) <= width, text
+        runs, gpus, alerts = _tables(text)
+        headings = [_line("\n".join(runs), "RUN"), _line("\n".join(gpus), "RUN"), alerts[1].split()]
+        for shown, every, essential in zip(headings, (RUN_HEADINGS, GPU_HEADINGS, ALERT_HEADINGS), SHOWN[80]):
+            assert set(essential) <= set(shown) <= set(every), text
+            assert shown == [h for h in every if h in shown], text  # in their order
+        for r in snap.runs:
+            end = r.run_id.rsplit("-", 1)[-1]
+            lines = [ln for ln in runs if ln.split()[:1] and ln.split()[0].endswith(end)]
+            assert len(lines) == 1 and r.state in lines[0].split(), text
+    assert headings == list(SHOWN[width]), text  # the long names'
+    runs = runs[[ln.split()[:1] for ln in runs].index(["RUN"]) + 1:]  # the lines under the heading
+    ids = [ln.split()[0] for ln in runs if ln.strip()]
+    if width == 80:  # no room for a project column: each project heads its runs; the ids are cut in the middle
+        assert ids == ["demo-20261203-150728", "demo-20261203-15…-qwen7b-gamma", "demo-20261203-150…-qwen7b-beta",
+                       "demo-20261203-15…-qwen7b-alpha", "demo-20261203-15…-qwen7b-delta", "demo-20261203-161500",
+                       "demo-20261203-16…-qwen7b-other"], text
+        assert gpus[2].split()[:2] == ["demo-20261203-150728-grpo-qwen7b-alpha", "…1c2d3e4f5a6b"], text
+        assert [ln.split()[1] for ln in alerts[2:] if ln.strip()] == [
+            "demo-20261203-150728…-grpo-qwen7b-gamma/1", "demo-20261203-150728…-grpo-qwen7b-gamma/1",
+            "demo-20261203-150728/demo-…-alpha/2/judge", "demo-20261203-150728/…-grpo-qwen7b-beta/1", UUID], text
+    else:
+        assert "demo-20261203-150728-grpo-qwen7b-gamma" in ids and gpus[2].split()[1] == UUID, text
+    if width == 200:
+        assert [ln.split()[-1] for ln in runs if ln.strip()] == [LONG["p"]] * 3 + [LONG["q"], LONG["p"]], text
+        assert alerts[4].split()[1] == "demo-20261203-150728/demo-20261203-150728-grpo-qwen7b-alpha/2/judge", text
 
 
 def test_render_empty_store() -> None:
@@ -218,8 +299,8 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def test_cli_once_and_errors(store_url: str, tmp_path: Path) -> None:
     done = _cli("--once", "--project", "p", "--clickhouse-url", store_url, env={"COLUMNS": "160"})
     assert done.returncode == 0, done.stderr
-    assert _line(done.stdout[:done.stdout.index("GPUs")], "p/alpha")[:4] == ["p/alpha", "2", "RUNNING", "14"]
-    assert "q/other" not in done.stdout
+    assert _line(done.stdout[:done.stdout.index("GPUs")], "alpha")[:4] == ["alpha", "2", "RUNNING", "14"]
+    assert "other" not in done.stdout and "project p" in done.stdout
     empty = _cli("--once", "--clickhouse-url", f"chdb://{tmp_path / 'empty'}", env={"COLUMNS": "160"})
     assert empty.returncode == 0 and "no runs yet in rlpulse — start a job or `rlpulse demo`" in empty.stdout, empty
     down = _cli("--once", "--clickhouse-url", "http://u:secret@127.0.0.1:9/rlpulse")
@@ -289,7 +370,7 @@ def _shows(*runs: tuple[str, str]):
     """A screen predicate: each (run, state) has its line."""
     def ready(screen: str) -> bool:
         lines = [ln.split() for ln in _runs_part(screen).splitlines()]
-        return all(any(ln[:1] == [f"{PROJECT}/{PROJECT}-{run}"] and ln[2:3] == [state] for ln in lines) for run, state in runs)
+        return all(any(ln[:1] == [f"{PROJECT}-{run}"] and ln[2:3] == [state] for ln in lines) for run, state in runs)
     return ready
 
 
@@ -308,17 +389,17 @@ def _check_final_screen(screen: str, truth) -> None:
     runs = _runs_part(screen)
     for r in (1, 2):
         run = f"{PROJECT}-run{r}"
-        line = _line(runs, f"{PROJECT}/{run}")
+        line = _line(runs, run)
         graded = sum(n for (rid, _t), n in truth.graded.items() if rid == run)
         failed = sum(n for (rid, _t, _c), n in truth.failures.items() if rid == run)
         assert line[1:4] == ["1", "ENDED", "2"], line
         assert line[6:9] == [f"{truth.clipped[(run, 2)] / SIM.rollouts_per_step:.1%}", f"{failed / graded:.1%}", "1"], line
-    silent = _line(runs, f"{PROJECT}/{PROJECT}-silent")
+    silent = _line(runs, f"{PROJECT}-silent")
     assert silent[1:4] == ["1", "SILENT", "0"], silent
     gpus = screen[screen.index("GPUs"):]
     for r in (1, 2):
-        gpu = _line(gpus, f"{PROJECT}/{PROJECT}-run{r}")
-        assert gpu[1:6] == [f"GPU-sim-{PROJECT}-run{r}", "sim-host", "#0", "90%", "320"], gpu
+        gpu = _line(gpus, f"{PROJECT}-run{r}")
+        assert gpu[1:8] == [f"GPU-sim-{PROJECT}-run{r}", "sim-host", "#0", "90%", "320", "W", "75%"], gpu
     alerts = [ln.split()[:2] for ln in screen[screen.index("Open alerts"):].splitlines()]
     assert ["silent_run", f"{PROJECT}/{PROJECT}-silent/1"] in alerts, alerts
     assert "Traceback" not in screen
