@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.live import Live
 
 from sinks.clickhouse import Store
-from sinks.watch_view import age, header, render  # noqa: F401 (the view's layout; re-exported)
+from sinks.watch_view import render  # the layout on the terminal's width
 
 NS = 1_000_000_000
 RECENT_S = 600.0
