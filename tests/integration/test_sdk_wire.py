@@ -77,8 +77,9 @@ def test_containers_of_one_run_key_with_writer_and_contiguous_sequences(wire_set
 def test_a_record_too_large_for_any_message_is_refused_and_the_rest_delivered(wire_settings: Settings) -> None:
     with TrainingTelemetry(project="p", run_id="big", settings=wire_settings) as tel:
         tel.rollout(step=0, rollout_id="before", reward=0.1)
-        with pytest.raises(ValueError, match=r"attributes\['blob'\] is \d+ bytes"):
-            tel.rollout(step=0, rollout_id="huge", reward=0.1, attributes={"blob": "x" * 2_000_000})
+        # 20 attributes of 60,000 characters: each under the 64 KiB value limit, 1.2 MB together
+        with pytest.raises(ValueError, match=r"attributes\['blob\d+'\] is \d+ bytes"):
+            tel.rollout(step=0, rollout_id="huge", reward=0.1, attributes={f"blob{i}": "x" * 60_000 for i in range(20)})
         tel.rollout(step=0, rollout_id="after", reward=0.2)
         tel.grader(step=0, rollout_id="after", term="judge", outcome="ok", duration_s=0.1)
         assert tel.flush(30) == 0
