@@ -182,18 +182,25 @@ def open_reader(dsn: str, owner: str = "rlpulse") -> Store:
     return Store(client=client, database="rlpulse", url=dsn, endpoint=url)
 
 
-def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365, until: str | None = None) -> list[str]:
+def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365, until: str | None = None,
+            cluster: str = "") -> list[str]:
     """Apply the numbered migrations not yet recorded; safe to run twice. Returns those applied now.
 
     The TTLs (raw events, aggregates) apply to the tables a migration creates; change them on
     existing tables with ``ALTER TABLE … MODIFY TTL``. ``until`` (a migration's name) stops
-    after that one: a test can build an old store and migrate it forward.
+    after that one: a test can build an old store and migrate it forward. ``cluster`` (a
+    ``remote_servers`` name) runs each statement in its cluster form (``sinks.cluster_ddl``):
+    replicated ``<table>_local`` parts and a Distributed table under each table's own name.
     """
+    from sinks import cluster_ddl
+
     db = store.database
     if not _NAME.match(db):
         raise ValueError(f"invalid database name {db!r}")
+    if cluster:
+        cluster_ddl.check_name("cluster (RLPULSE_CLICKHOUSE_CLUSTER)", cluster)
     client = store.client
-    for statement in bootstrap_statements(db):
+    for statement in cluster_ddl.bootstrap_statements(db, cluster) if cluster else bootstrap_statements(db):
         client.command(statement)
     done = {row[0] for row in client.query(f"SELECT version FROM {db}.schema_migrations").result_rows}
     applied = []
@@ -202,7 +209,7 @@ def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365,
             break
         if path.stem in done:
             continue
-        for statement in migration_statements(path, db, ttl_raw_days, ttl_aggregate_days):
+        for statement in migration_statements(path, db, ttl_raw_days, ttl_aggregate_days, cluster):
             client.command(statement)
         client.insert(f"{db}.schema_migrations", [[path.stem]], column_names=["version"])
         applied.append(path.stem)
@@ -216,11 +223,18 @@ def bootstrap_statements(db: str) -> list[str]:
             "ENGINE = ReplacingMergeTree ORDER BY version"]
 
 
-def migration_statements(path: Path, db: str, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365) -> list[str]:
+def migration_statements(path: Path, db: str, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365,
+                         cluster: str = "") -> list[str]:
     """The statements of migration file ``path`` as migrate() runs them (the compose stack's sink user
-    must be granted what these need: deploy/clickhouse/users.d/rlpulse.xml)."""
+    must be granted what these need: deploy/clickhouse/users.d/rlpulse.xml); with ``cluster``, their
+    ON CLUSTER forms (``sinks.cluster_ddl``)."""
     sql = path.read_text().replace("{db}", db).replace("{ttl_raw_days}", str(int(ttl_raw_days)))
-    return _statements(sql.replace("{ttl_aggregate_days}", str(int(ttl_aggregate_days))))
+    statements = _statements(sql.replace("{ttl_aggregate_days}", str(int(ttl_aggregate_days))))
+    if not cluster:
+        return statements
+    from sinks.cluster_ddl import cluster_statements
+
+    return [out for statement in statements for out in cluster_statements(statement, cluster)]
 
 
 def table_columns(store: Store) -> dict[str, dict[str, str]]:
