@@ -51,6 +51,7 @@ class InsertPlan:
     columns: tuple[str, ...]  # table columns written, in SELECT order
     structure: str  # for file(…, 'Avro', structure) / input(structure)
     select: str  # the SELECT expression list, one per column
+    expressions: tuple[str, ...] = ()  # the same expressions one by one (sinks.kafka_engine names each for its view)
 
     def sql_from_file(self, database: str, path: str, token: str) -> str:
         """The INSERT for an embedded engine (chDB) reading the container from a file."""
@@ -215,7 +216,8 @@ def build_plan(table: str, reader: dict[str, Any], table_columns: dict[str, str]
             select.append(f"CAST({_literal(field['default'], avro_type)} AS {table_type})")
     if not structure:
         raise IncompatibleSchema(f"writer schema shares no stored field with table {table}")
-    return InsertPlan(table=table, columns=tuple(columns), structure=", ".join(structure), select=", ".join(select))
+    return InsertPlan(table=table, columns=tuple(columns), structure=", ".join(structure), select=", ".join(select),
+                      expressions=tuple(select))
 
 
 @lru_cache(maxsize=1)

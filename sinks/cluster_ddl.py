@@ -35,7 +35,7 @@ _VERSIONED = re.compile(r"_v\d+$")  # a migration's temporary copy (grader_failu
 
 # Sharding keys, each a function of the table's ORDER BY (tests/unit/test_cluster_ddl.py checks it).
 _GPU_KEYED = {"gpu_samples": "cityHash64(hw_id)", "placements": "cityHash64(ifNull(hw_id, ''))",
-              "alerts": "cityHash64(key)"}
+              "alerts": "cityHash64(key)", "kafka_errors": "cityHash64(topic, partition)"}
 RUN_KEY = "cityHash64(project, run_id)"
 
 
