@@ -14,12 +14,13 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import KafkaError
 
 from rlpulse.settings import PRIVATE_UMASK, Settings, private_dir, private_file
 from schemas.topics import topic_partitions
 
-from schemas.catalogue import RAW_TOPICS, SINK_TOPICS
+from schemas.catalogue import RAW_TOPICS, SINK_TOPICS, sink_topics
 
 STREAMS_TOPICS = RAW_TOPICS  # the streams' consumer group commits these (ticks are not waited on)
 
@@ -44,6 +45,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "RLPULSE_ALERT_CLIPPED_RISING_STEPS": str(settings.alerts.clipped_rising_steps),
         "RLPULSE_ALERT_REWARD_ZERO_FRACTION": str(settings.alerts.reward_zero_fraction),
         "RLPULSE_ALERT_XID_QUIET_AFTER": f"{settings.alerts.xid_quiet_after}s",
+        "RLPULSE_CLICKHOUSE_CLUSTER": settings.clickhouse_cluster,
+        "RLPULSE_SINK_RAW": "1" if settings.sink_raw else "0",
         # Kafka security, the password included: the environment is the owner's only
         "RLPULSE_KAFKA_SECURITY_PROTOCOL": settings.kafka_security_protocol,
         "RLPULSE_KAFKA_SASL_MECHANISM": settings.kafka_sasl_mechanism,
@@ -99,8 +102,26 @@ def lag(settings: Settings, group: str, shorts: tuple[str, ...]) -> dict[str, in
     return asyncio.run(lag_async(settings, group, shorts))
 
 
+def partition_lag(settings: Settings, group: str, shorts: tuple[str, ...]) -> list[tuple[str, int, int, int]]:
+    """``group``'s position on each partition of the topics: (topic, partition, committed, end),
+    sorted; committed is 0 where the group never committed, and the lag is end - committed."""
+    end, done = offsets(settings, group, shorts)
+    return sorted((tp.topic, tp.partition, done[tp], n) for tp, n in end.items())
+
+
+COMMANDS = ("streams", "sink")
+
+
 class Pipeline:
-    """The streams worker and the sink as child processes with their logs under ``home/logs``."""
+    """The pipeline's processes as children with their logs under ``home/logs``.
+
+    A process is named by its command, with ``-N`` for a second or later one of the same command:
+    ``streams``, ``streams-2``, ``sink-2``. Workers of one command share its consumer group
+    (``<prefix>-streams``, ``<prefix>-sink``), so Kafka splits the partitions between them. Each
+    streams worker's Kafka client id is ``rlpulse-<name>``: the group's members, and so which
+    partitions a worker holds (:func:`members`), can be told apart. They may share the Faust datadir:
+    with the in-memory table store it holds nothing but an empty ``tables`` folder.
+    """
 
     def __init__(self, settings: Settings, log_dir: Path | None = None):
         self.settings = settings
@@ -110,13 +131,25 @@ class Pipeline:
     def start(self, which: tuple[str, ...] = ("streams", "sink"), extra_env: dict[str, str] | None = None) -> None:
         private_dir(self.log_dir)
         for name in which:
+            command = name.split("-", 1)[0]
+            if command not in COMMANDS or (name != command and not name[len(command) + 1:].isdigit()):
+                raise ValueError(f"unknown pipeline process {name!r}: streams or sink, optionally -N (streams-2)")
+            if name in self.procs and self.procs[name].poll() is None:
+                raise RuntimeError(f"rlpulse {name} is already running (pid {self.procs[name].pid})")
+            env = {**settings_env(self.settings), **(extra_env or {})}
+            if command == "streams":
+                env["BROKER_CLIENT_ID"] = f"rlpulse-{name}"  # a Faust setting read from the environment
             # Settings (passwords included) travel in the environment, which only the owner can
             # read (/proc/PID/environ), never in argv, which `ps` shows every user.
             with open(private_file(self.log_dir / f"{name}.log"), "ab") as log:
                 self.procs[name] = subprocess.Popen(
-                    [sys.executable, "-m", "rlpulse.cli", name], env={**settings_env(self.settings), **(extra_env or {})},
+                    [sys.executable, "-m", "rlpulse.cli", command], env=env,
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True, umask=PRIVATE_UMASK,
                 )
+
+    def running(self, command: str) -> list[str]:
+        """Names of this pipeline's processes of ``command`` (``streams`` or ``sink``)."""
+        return [name for name in self.procs if name.split("-", 1)[0] == command]
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
@@ -124,6 +157,9 @@ class Pipeline:
                 raise RuntimeError(f"rlpulse {name} exited with {proc.returncode}; see {self.log_dir / (name + '.log')}")
 
     def stop(self, which: tuple[str, ...] | None = None, sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:
+        """Stop processes (all by default): ``sig``, then SIGKILL after ``timeout`` seconds.
+        ``sig=signal.SIGKILL`` is a crash: nothing is flushed or committed, the group finds out
+        only when the member's session times out."""
         for name in which or tuple(self.procs):
             proc = self.procs.pop(name, None)
             if proc is None or proc.poll() is not None:
@@ -153,8 +189,8 @@ class Pipeline:
             self.check_alive()
             if time.time_ns() >= closes_at_ns + 1_500_000_000:
                 # only the processes this pipeline runs: a sink alone need not wait for streams
-                streams_lag = sum(lag(self.settings, self.settings.app_id, STREAMS_TOPICS).values()) if "streams" in self.procs else 0
-                sink_lag = sum(lag(self.settings, self.settings.sink_group, SINK_TOPICS).values()) if "sink" in self.procs else 0
+                streams_lag = sum(lag(self.settings, self.settings.app_id, STREAMS_TOPICS).values()) if self.running("streams") else 0
+                sink_lag = sum(lag(self.settings, self.settings.sink_group, sink_topics(self.settings.sink_raw)).values()) if self.running("sink") else 0
                 state = (streams_lag, sink_lag)
                 if state != last:
                     progress(f"waiting: streams lag {streams_lag}, sink lag {sink_lag}")
@@ -163,7 +199,7 @@ class Pipeline:
                     streams_done_since = None
                 elif streams_done_since is None:
                     streams_done_since = time.monotonic()
-                idle_closed = "streams" not in self.procs or (
+                idle_closed = not self.running("streams") or (
                     streams_done_since is not None and time.monotonic() - streams_done_since >= idle_wait)
                 settled = settled + 1 if streams_lag == 0 and sink_lag == 0 and idle_closed else 0
                 if settled >= 2:
@@ -178,34 +214,58 @@ class Pipeline:
         self.stop()
 
 
-async def group_ready_async(settings: Settings, group: str) -> bool:
-    """True when ``group`` is a stable consumer group with at least one member."""
+async def describe_group_async(settings: Settings, group: str) -> tuple[str, dict[str, list[TopicPartition]]]:
+    """``group``'s state (``Stable``, ``PreparingRebalance``, ..., ``Unknown`` while its coordinator
+    is not elected) and its members: ``client_id/member_id`` -> the partitions assigned to it."""
     admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
     await admin.start()
     try:
         described = await admin.describe_consumer_groups([group])
     except KafkaError:  # coordinator not elected yet, offsets topic still being created
-        return False
+        return "Unknown", {}
     finally:
         await admin.close()
     for response in described:
         for g in response.groups:
-            # (error_code, group_id, state, protocol_type, protocol, members, ...)
-            if g[1] == group and g[2] == "Stable" and len(g[5]) > 0:
-                return True
-    return False
+            # (error_code, group_id, state, protocol_type, protocol, members, ...); a member is
+            # (member_id, client_id, client_host, metadata, assignment) in DescribeGroups v0-v2
+            if g[1] != group:
+                continue
+            members = {}
+            for member_id, client_id, _host, _meta, assignment in g[5]:
+                tps = []
+                if assignment:  # empty while the group rebalances
+                    decoded = ConsumerProtocolMemberAssignment.decode(assignment)
+                    tps = sorted(TopicPartition(t, p) for t, ps in decoded.assignment for p in ps)
+                members[f"{client_id}/{member_id}"] = tps
+            return g[2], members
+    return "Unknown", {}
+
+
+def members(settings: Settings, group: str) -> dict[str, list[TopicPartition]]:
+    """The members of ``group`` (``client_id/member_id``) and their partitions; {} unless it is stable."""
+    state, found = asyncio.run(describe_group_async(settings, group))
+    return found if state == "Stable" else {}
+
+
+async def group_ready_async(settings: Settings, group: str, size: int | None = None) -> bool:
+    """True when ``group`` is a stable consumer group with at least one member (exactly ``size`` if given)."""
+    state, found = await describe_group_async(settings, group)
+    return state == "Stable" and (len(found) > 0 if size is None else len(found) == size)
 
 
 def wait_groups_ready(settings: Settings, groups: tuple[str, ...], pipeline: Pipeline | None = None,
-                      timeout: float = 120.0) -> None:
+                      timeout: float = 120.0, size: int | None = None) -> None:
+    """Wait until every group is stable (with exactly ``size`` members, if given)."""
     deadline = time.monotonic() + timeout
     pending = list(groups)
     while pending:
         if pipeline is not None:
             pipeline.check_alive()
-        pending = [g for g in pending if not asyncio.run(group_ready_async(settings, g))]
+        pending = [g for g in pending if not asyncio.run(group_ready_async(settings, g, size))]
         if not pending:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"consumer groups not ready after {timeout:.0f}s: {', '.join(pending)}")
+            raise TimeoutError(f"consumer groups not ready after {timeout:.0f}s: {', '.join(pending)}"
+                               + (f" (waiting for {size} members)" if size is not None else ""))
         time.sleep(0.5)
