@@ -1,0 +1,203 @@
+"""The SQL side of the sink's read endpoint (``sinks.read_endpoint``): one request's query run
+read-only on a chDB connection of its own, within :class:`ReadLimits`.
+
+Before the query, on that connection: the request's settings (resource limits clamped to
+:class:`ReadLimits`; settings that name files, paths, URLs or schemas refused), the limits, then
+``readonly = 1``, so the engine itself refuses INSERT, DDL, ``SET`` and table functions that reach
+outside with its READONLY error (code 164). Then a check with ClickHouse's own parser for what
+readonly=1 lets through in chDB (the client-side parts of clickhouse-local run in-process):
+``formatQuery`` proves it is one statement, ``EXPLAIN AST`` that it only reads, without
+``INTO OUTFILE``, ``file()``, ``python()`` or ``KILL QUERY``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Settings a request may not change even before readonly: they name files, paths, URLs, schemas or
+# code, or switch on functions that reach outside the store.
+_DENIED_SETTING = re.compile(r"path|file|schema|url|uri|dir|python|endpoint|outfile|profile|introspection|eval|"
+                             r"^ai_|function|http|s3|azure|hdfs|executable|dictionar|library", re.IGNORECASE)
+# Statement kinds (the first word of EXPLAIN AST's top node) that only read.
+_READ_KINDS = ("SelectWithUnionQuery", "SelectIntersectExceptQuery", "DescribeQuery", "Explain")
+_READ_PREFIXES = ("Show", "SHOW ", "Exists")
+# Nodes whose direct Literal child can only be an INTO OUTFILE target (or its compression).
+_OUTPUT_NODES = _READ_KINDS + _READ_PREFIXES
+_DENIED_FUNCTION = re.compile(r"^\s*Function (file|python|arrowstream)\b", re.IGNORECASE | re.MULTILINE)
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What one read may take from the sink's process. A request may ask for less, never more."""
+
+    max_execution_time: int = 10  # seconds; the bound on how long one read competes with ingestion
+    max_threads: int = 1  # one core: the sink's inserts keep the other
+    max_memory_usage: int = 1 << 30
+    max_result_rows: int = 10_000_000
+    max_result_bytes: int = 256 << 20  # the answer is held in memory before it is sent
+    max_concurrent: int = 2  # queries running at once; more wait up to max_execution_time, then 503
+
+    def clamped(self) -> dict[str, int]:
+        return {"max_execution_time": self.max_execution_time, "max_threads": self.max_threads,
+                "max_final_threads": self.max_threads, "max_memory_usage": self.max_memory_usage,
+                "max_result_rows": self.max_result_rows, "max_result_bytes": self.max_result_bytes}
+
+
+class QueryFailed(Exception):
+    """A ClickHouse error to send back: its code and its ``Code: N. DB::Exception: ...`` text."""
+
+    def __init__(self, code: int, text: str):
+        super().__init__(text)
+        self.code = code
+        self.text = text
+
+    @classmethod
+    def from_engine(cls, exc: BaseException) -> "QueryFailed":
+        text = str(exc).strip()
+        text = text[text.find("Code: "):] if "Code: " in text else text
+        m = re.match(r"Code: (\d+)\. DB::Exception: ", text)
+        if m is None:
+            return cls(1001, f"Code: 1001. DB::Exception: {text} (STD_EXCEPTION)")
+        # A refused SETTINGS clause comes wrapped twice; the formatQuery check adds its own scope.
+        text = text.replace(m.group(0) * 2, m.group(0))
+        text = re.sub(r":? In scope SELECT formatQuery\(.*?\)\. \((\w+)\)", r". (\1)", text, flags=re.S)
+        text = re.sub(r" \(version [^)]*\)", "", text)
+        text = re.sub(r"\((\w+)\)\. \(\1\)", r"(\1)", text).replace(". . (", ". (")
+        return cls(int(m.group(1)), text)
+
+
+def refused(why: str) -> QueryFailed:
+    return QueryFailed(164, f"Code: 164. DB::Exception: {why}: rlpulse's read endpoint on the sink's chDB store is "
+                            "read-only (SELECT, WITH, SHOW, DESCRIBE, EXISTS and EXPLAIN; data comes in through the "
+                            "pipeline). (READONLY)")
+
+
+@dataclass
+class Answer:
+    body: bytes
+    fmt: str
+    summary: dict[str, str]
+
+
+def _escaped(text: str) -> str:
+    """``text`` as a String query parameter value (parsed in ClickHouse's escaped format)."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class Engine:
+    """Runs one request's SQL on a connection of its own to the engine the sink hosts."""
+
+    def __init__(self, store_path: str, limits: ReadLimits):
+        import chdb
+
+        self._connect = chdb.connect
+        self._path = os.path.realpath(store_path)  # clickhouse-connect opened it by this spelling
+        self.limits = limits
+        self.slots = threading.BoundedSemaphore(limits.max_concurrent)
+        with self._conn() as conn:
+            self.timezone = conn.query("SELECT timezone()", "TabSeparatedRaw").bytes().decode().strip()
+            self.version = conn.query("SELECT version()", "TabSeparatedRaw").bytes().decode().strip()
+
+    @contextmanager
+    def _conn(self) -> Iterator[Any]:
+        conn = self._connect(self._path)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def answer(self, sql: str, default_format: str, params: Mapping[str, str], settings: Mapping[str, str],
+               database: str | None) -> Answer:
+        if not self.slots.acquire(timeout=self.limits.max_execution_time):
+            raise QueryFailed(202, f"Code: 202. DB::Exception: Too many simultaneous queries on the read endpoint: "
+                                   f"{self.limits.max_concurrent} run at once. (TOO_MANY_SIMULTANEOUS_QUERIES)")
+        try:
+            with self._conn() as conn:
+                return self._run(conn, sql, default_format, params, settings, database)
+        finally:
+            self.slots.release()
+
+    def _run(self, conn: Any, sql: str, default_format: str, params: Mapping[str, str],
+             settings: Mapping[str, str], database: str | None) -> Answer:
+        try:
+            self._prepare(conn, settings, database)
+            fmt = self._check(conn, sql, params) or default_format
+            result = conn.query(sql, default_format, params=dict(params))
+        except QueryFailed:
+            raise
+        except Exception as exc:  # chDB raises its errors as RuntimeError/ChdbError with ClickHouse's text
+            raise QueryFailed.from_engine(exc) from None
+        body = result.bytes() or b""
+        summary = {"read_rows": str(result.rows_read()), "read_bytes": str(result.bytes_read()), "written_rows": "0",
+                   "written_bytes": "0", "total_rows_to_read": "0", "result_rows": "0", "result_bytes": str(len(body)),
+                   "elapsed_ns": str(int(result.elapsed() * 1e9))}
+        return Answer(body, fmt, summary)
+
+    def _prepare(self, conn: Any, settings: Mapping[str, str], database: str | None) -> None:
+        """The request's settings and database, the limits, then readonly=1, on this connection only."""
+        caps = self.limits.clamped()
+        chosen: dict[str, str] = {"allow_python_table_function": "0"}
+        asked_readonly = None
+        for name, value in settings.items():
+            if not _NAME.match(name):
+                raise QueryFailed(115, f"Code: 115. DB::Exception: Unknown setting '{name}'. (UNKNOWN_SETTING)")
+            if name == "readonly":
+                asked_readonly = value
+            elif name in caps:
+                try:
+                    asked = float(value)
+                except ValueError:
+                    raise QueryFailed(27, f"Code: 27. DB::Exception: Cannot parse '{value}' for setting {name}. "
+                                          "(CANNOT_PARSE_INPUT_ASSERTION_FAILED)") from None
+                if 0 < asked < caps[name]:
+                    caps[name] = int(asked) if asked == int(asked) else asked  # type: ignore[assignment]
+            elif _DENIED_SETTING.search(name):
+                raise refused(f"Cannot modify '{name}' setting through the read endpoint")
+            else:
+                chosen[name] = value
+        chosen.update({k: str(v) for k, v in caps.items()})
+        if database:
+            quoted = database.replace("\\", "\\\\").replace("`", "\\`")
+            conn.query(f"USE `{quoted}`", "TabSeparated")
+        for name, value in chosen.items():
+            conn.query(f"SET {name} = {_quote(value)}", "TabSeparated")
+        conn.query("SET readonly = 1", "TabSeparated")
+        if asked_readonly is not None:  # the engine refuses anything but 1, in its own words
+            conn.query(f"SET readonly = {_quote(asked_readonly)}", "TabSeparated")
+
+    def _check(self, conn: Any, sql: str, params: Mapping[str, str]) -> str | None:
+        """Refuse what readonly=1 lets through in chDB; return the statement's own FORMAT, if any."""
+        formatted = conn.query("SELECT formatQuery({q:String})", "TabSeparatedRaw",
+                               params={"q": _escaped(sql)}).bytes().decode().rstrip("\n")
+        lines = formatted.split("\n")
+        fmt = None
+        if lines and re.fullmatch(r"FORMAT \S+", lines[-1]):
+            fmt = lines.pop().split(" ", 1)[1]
+        if any(re.match(r"\s*INTO OUTFILE\b", line) for line in lines):
+            raise refused("INTO OUTFILE writes a file")
+        ast = conn.query("EXPLAIN AST " + "\n".join(lines), "TabSeparatedRaw", params=dict(params)).bytes().decode()
+        nodes = [(len(line) - len(line.lstrip(" ")), line.strip()) for line in ast.splitlines() if line.strip()]
+        if not nodes:
+            raise refused("an empty statement")
+        kind = nodes[0][1].split(" ")[0]
+        if not (nodes[0][1].startswith(_READ_PREFIXES) or kind in _READ_KINDS):
+            raise refused(f"Cannot execute query in readonly mode ({kind.removesuffix('Query')} is not a read)")
+        parents: list[str] = []
+        for depth, node in nodes:
+            del parents[depth:]
+            if node.startswith("Literal") and parents and parents[-1].startswith(_OUTPUT_NODES):
+                raise refused("INTO OUTFILE writes a file")
+            parents.append(node)
+        denied = _DENIED_FUNCTION.search(ast)
+        if denied:
+            raise refused(f"the function {denied.group(1)}() reads outside the store")
+        return fmt
