@@ -48,7 +48,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     settings = _settings(args)
     ensure_topics(settings)
     with open_store(settings.clickhouse_dsn, owner="rlpulse sink") as store:
-        migrate(store, settings.ttl_raw_days, settings.ttl_aggregate_days)
+        migrate(store, settings.ttl_raw_days, settings.ttl_aggregate_days, cluster=settings.clickhouse_cluster)
         with serve_reads(store, port=args.read_port):  # a chDB store: read-only queries on loopback meanwhile
             asyncio.run(serve(settings, store, batch_rows=args.batch_rows, flush_interval=args.flush_interval))
     return 0
@@ -58,9 +58,27 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from sinks.clickhouse import migrate, open_store
 
     settings = _settings(args)
+    cluster = settings.clickhouse_cluster
+    if args.kafka_engine:
+        from sinks.kafka_engine import refuse_chdb
+
+        refuse_chdb(settings.clickhouse_dsn)
     with open_store(settings.clickhouse_dsn, owner="rlpulse migrate") as store:
-        applied = migrate(store, settings.ttl_raw_days, settings.ttl_aggregate_days)
-        print(f"{store.url}: database {store.database}: " + (f"applied {', '.join(applied)}" if applied else "up to date"))
+        applied = migrate(store, settings.ttl_raw_days, settings.ttl_aggregate_days, cluster=cluster)
+        where = f"database {store.database}" + (f" on cluster {cluster}" if cluster else "")
+        print(f"{store.url}: {where}: " + (f"applied {', '.join(applied)}" if applied else "up to date"))
+        if args.kafka_engine:
+            from sinks import kafka_engine
+            from sinks.clickhouse import table_columns
+
+            engine = kafka_engine.KafkaEngine(args.kafka_engine_brokers or settings.kafka_bootstrap, settings.topic_prefix,
+                                              args.kafka_engine_consumers)
+            for statement in kafka_engine.statements(store.database, table_columns(store), engine, cluster,
+                                                     settings.ttl_raw_days):
+                store.client.command(statement)
+            print(f"Kafka engine: {', '.join(settings.topic(t) for t in kafka_engine.RAW_TOPICS)} load into "
+                  f"{store.database} in group {engine.group} from {engine.broker_list}; errors in "
+                  f"{store.database}.{kafka_engine.ERRORS_TABLE}. Run the sinks with RLPULSE_SINK_RAW=0")
     return 0
 
 
@@ -129,19 +147,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from rlpulse import services
-    from rlpulse.pipeline import SINK_TOPICS, STREAMS_TOPICS, lag
+    from rlpulse.pipeline import STREAMS_TOPICS, existing_groups, partition_lag
+    from schemas.catalogue import RAW_TOPICS, sink_topics
 
     settings = _settings(args)
     code = services.main(settings, "status")
     if code != 0:
         return code
-    for group, topics in ((settings.app_id, STREAMS_TOPICS), (settings.sink_group, SINK_TOPICS)):
+    groups = [(settings.app_id, STREAMS_TOPICS), (settings.sink_group, sink_topics(settings.sink_raw))]
+    known = existing_groups(settings)
+    # Shown when they exist: `rlpulse alerts`' group, and ClickHouse's Kafka engine (migrate --kafka-engine).
+    groups += [(g, t) for g, t in ((f"{settings.topic_prefix}-alerts", ("alerts",)),
+                                   (f"{settings.topic_prefix}-ch-kafka", RAW_TOPICS)) if g in known]
+    for group, topics in groups:
         try:
-            behind = lag(settings, group, topics)
+            rows = partition_lag(settings, group, topics)
         except RuntimeError as exc:  # topics not created yet
             print(f"consumer group {group}: {exc}")
             continue
-        print(f"consumer group {group}: lag " + ", ".join(f"{t} {n}" for t, n in behind.items()))
+        per_topic = {settings.topic(t): 0 for t in topics}
+        for topic, _partition, committed, end in rows:
+            per_topic[topic] += max(end - committed, 0)
+        print(f"consumer group {group}: lag " + ", ".join(f"{t} {n}" for t, n in per_topic.items())
+              + ("" if group in known else " (the group has not committed yet)"))
+        # one line per partition: topic[partition]  committed / end = lag
+        names = [f"{topic}[{partition}]" for topic, partition, _, _ in rows]
+        width = max(map(len, names), default=0)
+        digits = max((len(str(end)) for *_, end in rows), default=1)
+        for name, (_, _, committed, end) in zip(names, rows):
+            print(f"  {name.ljust(width)}  {committed:>{digits}} / {end:>{digits}} = {max(end - committed, 0)}")
     return 0
 
 
@@ -304,7 +338,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=cmd_sink)
 
-    p = sub.add_parser("migrate", help="create or upgrade the ClickHouse tables")
+    p = sub.add_parser("migrate", help="create or upgrade the ClickHouse tables",
+                       description="Applies the migrations not applied yet. With RLPULSE_CLICKHOUSE_CLUSTER=name, "
+                       "ON CLUSTER: replicated <table>_local parts and Distributed tables under the tables' names.")
+    p.add_argument("--kafka-engine", action="store_true",
+                   help="also create ClickHouse Kafka engine tables and materialized views that load the raw topics "
+                   "(spans, steps, hardware) into their tables (a ClickHouse server only; then run the sinks with "
+                   "RLPULSE_SINK_RAW=0)")
+    p.add_argument("--kafka-engine-brokers", metavar="HOST:PORT,...",
+                   help="the brokers as the ClickHouse server reaches them (default: --bootstrap)")
+    p.add_argument("--kafka-engine-consumers", type=int, default=1, metavar="N",
+                   help="consumers per Kafka table on each server (kafka_num_consumers; default 1)")
     _add_common(p)
     p.set_defaults(func=cmd_migrate)
 

@@ -103,10 +103,26 @@ def lag(settings: Settings, group: str, shorts: tuple[str, ...]) -> dict[str, in
 
 
 def partition_lag(settings: Settings, group: str, shorts: tuple[str, ...]) -> list[tuple[str, int, int, int]]:
-    """``group``'s position on each partition of the topics: (topic, partition, committed, end),
-    sorted; committed is 0 where the group never committed, and the lag is end - committed."""
+    """``group``'s position on each partition of the topics: (topic, partition, committed, end), in
+    the order of ``shorts`` then by partition; committed is 0 where the group never committed, and
+    the lag is end - committed."""
     end, done = offsets(settings, group, shorts)
-    return sorted((tp.topic, tp.partition, done[tp], n) for tp, n in end.items())
+    order = {settings.topic(short): i for i, short in enumerate(shorts)}
+    return sorted(((tp.topic, tp.partition, done[tp], n) for tp, n in end.items()), key=lambda r: (order[r[0]], r[1]))
+
+
+async def existing_groups_async(settings: Settings) -> set[str]:
+    """The consumer groups the broker knows (those that ever committed or have members)."""
+    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    await admin.start()
+    try:
+        return {group for group, _protocol in await admin.list_consumer_groups()}
+    finally:
+        await admin.close()
+
+
+def existing_groups(settings: Settings) -> set[str]:
+    return asyncio.run(existing_groups_async(settings))
 
 
 COMMANDS = ("streams", "sink")

@@ -31,6 +31,16 @@ def _upper(text: str) -> str:
     return text.strip().upper()
 
 
+def _flag(text: str) -> bool:
+    """1/0, true/false, yes/no, on/off (any case)."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected 1 or 0 (true/false, yes/no, on/off), not {text!r}")
+
+
 _PROJECT_NAME = re.compile(r"""^name\s*=\s*["']rlpulse["']\s*$""", re.MULTILINE)
 
 
@@ -127,6 +137,12 @@ class Settings:
     alerts: AlertThresholds = dataclasses.field(default_factory=AlertThresholds)
     ttl_raw_days: int = 90  # spans, steps, GPU samples, placements
     ttl_aggregate_days: int = 365  # windows, step figures, histograms, alerts
+    # A remote_servers cluster name: migrations create replicated <table>_local parts and
+    # Distributed tables ON CLUSTER (sinks/cluster_ddl.py). Empty: one server (or chDB).
+    clickhouse_cluster: str = ""
+    # False when ClickHouse's Kafka engine loads the raw topics (`rlpulse migrate --kafka-engine`):
+    # the sink then reads the derived topics only, so no raw event has two writers.
+    sink_raw: bool = True
 
     # Environment variable -> field, with the parser for its text.
     _ENV = {
@@ -151,6 +167,8 @@ class Settings:
         "RLPULSE_KAFKA_SSL_KEY_PASSWORD": ("kafka_ssl_key_password", str),
         "RLPULSE_TTL_RAW_DAYS": ("ttl_raw_days", int),
         "RLPULSE_TTL_AGGREGATE_DAYS": ("ttl_aggregate_days", int),
+        "RLPULSE_CLICKHOUSE_CLUSTER": ("clickhouse_cluster", str),
+        "RLPULSE_SINK_RAW": ("sink_raw", _flag),
         "RLPULSE_ALERT_GRADER_FAILURE_RATE": ("alerts.grader_failure_rate", float),
         "RLPULSE_ALERT_GRADER_MIN_GRADED": ("alerts.grader_min_graded", int),
         "RLPULSE_ALERT_CLIPPED_RISING_STEPS": ("alerts.clipped_rising_steps", int),

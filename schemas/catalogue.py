@@ -52,6 +52,12 @@ HARDWARE_TOPICS = ("hardware", TICKS_TOPIC)
 # What the sink writes to ClickHouse.
 SINK_TOPICS = RAW_TOPICS + DERIVED_TOPICS
 
+
+def sink_topics(raw: bool = True) -> tuple[str, ...]:
+    """The topics the sink reads: all of SINK_TOPICS, or the derived ones only when ClickHouse's
+    Kafka engine loads the raw topics (RLPULSE_SINK_RAW=0)."""
+    return SINK_TOPICS if raw else DERIVED_TOPICS
+
 # Record full name -> ClickHouse table.
 TABLES: dict[str, str] = {
     full_name("Span"): "spans",

@@ -31,7 +31,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from rlpulse.settings import Settings
-from schemas.catalogue import BY_SHORT, DLQ_TOPIC, SINK_TOPICS, TABLES
+from schemas.catalogue import BY_SHORT, DLQ_TOPIC, TABLES, sink_topics
 from schemas.codec import DecodeError, blocks, read_header
 from schemas.topics import topic_partitions
 from sinks.avro_sql import IncompatibleSchema, Plans
@@ -104,7 +104,7 @@ class ClickHouseSink:
         self.policy = policy or Policy()
         self.limits = limits or Limits()
         self.stats = SinkStats()
-        self._topics = {settings.topic(short): short for short in SINK_TOPICS}
+        self._topics = {settings.topic(short): short for short in sink_topics(settings.sink_raw)}
         self._dlq = settings.topic(DLQ_TOPIC)
         self._plans = Plans(table_columns(store))
         self._inserter = Inserter(store)
@@ -373,7 +373,7 @@ async def drain(settings: Settings, store: Store, policy: Policy | None = None, 
     probe = AIOKafkaConsumer(**settings.kafka_client_kwargs())
     await probe.start()
     try:
-        tps = [tp for short in SINK_TOPICS for tp in await topic_partitions(probe, settings.topic(short))]
+        tps = [tp for short in sink_topics(settings.sink_raw) for tp in await topic_partitions(probe, settings.topic(short))]
         end = {tp: off for tp, off in (await probe.end_offsets(tps)).items() if off > 0}
     finally:
         await probe.stop()
