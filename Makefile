@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # ignores it): rlpulse run from a checkout picks that home itself (rlpulse.settings), so `make` and
 # a bare `.venv/bin/rlpulse` share one broker and one store. RLPULSE_HOME overrides it for both.
 
-.PHONY: demo test bench soak services-up services-down browser
+.PHONY: demo test test-scale bench soak services-up services-down browser
 
 $(VENV)/.installed: pyproject.toml setup.py schemas/_blockdecode.pyx
 	python3 -m venv $(VENV)
@@ -30,6 +30,12 @@ browser:
 
 test: services-up browser
 	$(BIN)/python -m pytest -v -rs tests
+
+# The scale-out tests alone (issue 12: three streams workers with one SIGKILLed and one added, two
+# sinks in one group), printing the partitions each worker held and the recovery times measured.
+# Each takes 2-3 minutes, so `make test` runs them too.
+test-scale: services-up
+	$(BIN)/python -m pytest -v -rs -s tests/integration/test_scale_workers.py tests/integration/test_scale_sinks.py
 
 # BENCH_ARGS: options of bench/run.py, e.g. make bench BENCH_ARGS=--quick. py-spy (for the
 # profiles) is installed into the venv here; without it the bench runs and says so.
