@@ -11,10 +11,12 @@ order: the question is whether the rules saw complete figures, once each.
 from __future__ import annotations
 
 import asyncio
+import re
 import random
 import threading
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 from producers import TrainingTelemetry
@@ -324,3 +326,15 @@ def alerts_published(settings: Settings, rule: str | None = None) -> list[dict[s
     codec = Codec()
     return [r for m in messages for r in codec.decode(m.value).records
             if r["project"] == PROJECT and (rule is None or r["rule"] == rule)]
+
+
+def sequence_gaps(log_dir: Path) -> dict[str, int]:
+    """Records the streams workers logged as never reaching them (``streams.runs``: a run's sequence
+    jumped), per worker log: what faust-streaming 0.15.3 skips now and then when a worker gets a
+    partition (see ``streams.commits.ProcessedOffsets.missed``)."""
+    out = {}
+    for path in sorted(log_dir.glob("streams*.log")):
+        n = sum(int(m.group(1)) for m in re.finditer(r"(\d+) records never reached this worker", path.read_text()))
+        if n:
+            out[path.stem] = n
+    return out
