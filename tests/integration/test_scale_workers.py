@@ -15,6 +15,11 @@ Each stalled run must publish exactly FIRING, RESOLVED, FIRING, RESOLVED on the 
 ClickHouse must hold those four. Recovery is timed from the SIGKILL to the group holding the killed
 worker's partitions again (stable, two members), and to the group having committed, on those
 partitions, everything that was published before the kill.
+
+Known: now and then (1 run in 3 here) the worker that gets a partition never sees a range of its
+offsets (faust-streaming 0.15.3; the same cause as the xfail in test_faults). The worker logs them
+as sequence gaps and the figures come out short; the test then reports XFAIL with the gaps, after
+checking the membership and the stall alerts, and fails on any other difference.
 """
 
 from __future__ import annotations
