@@ -18,6 +18,7 @@ in each run's state, and Faust flushes its producer (outputs and changelog) befo
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections import defaultdict
@@ -29,8 +30,8 @@ from faust.types import TP
 from rlpulse.settings import Settings, private_dir
 from schemas.catalogue import DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
 from schemas.codec import Codec
-from streams.commits import ProcessedOffsets, TickWatch
-from streams.inputs import Inputs
+from streams.commits import DropFault, ProcessedOffsets, TickWatch
+from streams.inputs import Inputs, read_range
 from streams.runs import Output, RunConfig, RunProcessor
 from streams.stage import HardwareStage, RunStage
 
@@ -97,6 +98,9 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
 
     inputs = Inputs(codec)
     processed = ProcessedOffsets()
+    fault = DropFault.from_env(os.environ)
+    if fault.first:
+        fault.install(app.consumer, {settings.topic(s) for s in RUN_TOPICS + HARDWARE_TOPICS if s != TICKS_TOPIC})
     prefix_len = len(settings.topic_prefix) + 1
 
     async def drive(stream: faust.StreamT, on_message: Callable[..., list[Output]],
@@ -107,16 +111,24 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
             short = msg.topic[prefix_len:]
             if short == TICKS_TOPIC:
                 await publish(on_tick(msg.partition, now, event.value))
+                for tp, first, end in processed.take_stuck():  # run topics only: their catch-up is tracked
+                    for offset, value in await read_range(settings.kafka_client_kwargs(), tp, first, end):
+                        await handle(tp.topic[prefix_len:], tp.topic, tp.partition, offset, value, on_message)
+                        processed.done_offset(tp, offset)
             else:
-                back = processed.missed(app.consumer, msg, time.monotonic())
-                if back is not None:
-                    if back >= 0:
-                        await app.consumer.seek(msg.tp, back)
-                    continue  # not processed: it is read again after the offsets sought back to
-                records = inputs.decode(short, event.value, f"{msg.topic}[{msg.partition}]@{msg.offset}")
-                if records:
-                    await publish(on_message(short, msg.partition, records, now))
+                first = processed.missed(app.consumer, msg)
+                if first is not None:  # offsets Faust never handed us: read them first, in order
+                    for offset, value in await read_range(settings.kafka_client_kwargs(), msg.tp, first, msg.offset):
+                        await handle(short, msg.topic, msg.partition, offset, value, on_message)
+                        processed.done_offset(msg.tp, offset)
+                await handle(short, msg.topic, msg.partition, msg.offset, event.value, on_message, now)
             processed.done(msg)
+
+    async def handle(short: str, topic: str, partition: int, offset: int, value: bytes | None,
+                     on_message: Callable[..., list[Output]], now: int | None = None) -> None:
+        records = inputs.decode(short, value, f"{topic}[{partition}]@{offset}")
+        if records:
+            await publish(on_message(short, partition, records, clock() if now is None else now))
 
     tick_watch = TickWatch()
 

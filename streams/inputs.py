@@ -8,6 +8,7 @@ messages around it are processed as usual.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -38,3 +39,34 @@ class Inputs:
             self.skipped += 1
             log.exception("skipping message %s: the decoder failed on it (%d skipped so far)", where, self.skipped)
         return []
+
+
+async def read_range(client_kwargs: dict[str, Any], tp: Any, start: int, end: int,
+                     timeout_s: float = 30.0) -> list[tuple[int, bytes | None]]:
+    """Offsets ``start`` up to ``end`` (excluded) of ``tp``, as (offset, value), read with a consumer
+    of its own (no group, nothing committed). Fewer when the log starts after ``start`` (retention)
+    or the broker does not answer within ``timeout_s``: what is missing is then logged."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    part = TopicPartition(tp.topic, tp.partition)
+    consumer = AIOKafkaConsumer(enable_auto_commit=False, auto_offset_reset="earliest", **client_kwargs)
+    out: list[tuple[int, bytes | None]] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    await consumer.start()
+    try:
+        consumer.assign([part])
+        consumer.seek(part, start)
+        while loop.time() < deadline:
+            batch = await consumer.getmany(part, timeout_ms=500)
+            for record in batch.get(part, []):
+                if record.offset >= end:
+                    return out
+                out.append((record.offset, record.value))
+            if out and out[-1][0] >= end - 1 or await consumer.position(part) >= end:
+                return out
+        log.error("%s: read %d of offsets %d..%d within %.0fs; the rest is lost to this worker's figures",
+                  tp, len(out), start, end - 1, timeout_s)
+        return out
+    finally:
+        await consumer.stop()

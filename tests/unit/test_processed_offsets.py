@@ -1,10 +1,11 @@
-"""ProcessedOffsets.missed: a worker that is handed offsets past ones it never got goes back for them."""
+"""ProcessedOffsets: offsets a worker was never handed are noticed (and read by the caller), and
+TickWatch: a worker cut off from the broker catches up again."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streams.commits import REWIND_WAIT_S, ProcessedOffsets
+from streams.commits import ProcessedOffsets
 
 
 @dataclass(frozen=True)
@@ -29,13 +30,17 @@ class GroupOffsets:
 SPANS = TP("p.spans", 0)
 
 
-def feed(p: ProcessedOffsets, consumer: GroupOffsets, offsets: list[int], now: float = 0.0) -> list[tuple[int, int | None]]:
+def feed(p: ProcessedOffsets, consumer: GroupOffsets, offsets: list[int]) -> list[tuple[int, int | None]]:
+    """Each offset with what ``missed`` says of it; as the agent does, the missing ones are then
+    read (marked done) before the message itself."""
     out = []
     for o in offsets:
-        back = p.missed(consumer, Message(SPANS, o), now)
-        out.append((o, back))
-        if back is None:
-            p.done(Message(SPANS, o))
+        first = p.missed(consumer, Message(SPANS, o))
+        out.append((o, first))
+        if first is not None:
+            for missing in range(first, o):
+                p.done_offset(SPANS, missing)
+        p.done(Message(SPANS, o))
     return out
 
 
@@ -44,35 +49,30 @@ def test_offsets_in_order_from_the_committed_one_are_processed() -> None:
     assert feed(p, consumer, [32, 33, 34]) == [(32, None), (33, None), (34, None)]
 
 
-def test_a_restart_that_skipped_offsets_seeks_back_skips_the_buffered_and_processes_them_again(caplog) -> None:
+def test_a_restart_that_skipped_offsets_reads_them_before_the_first_message(caplog) -> None:
     # Faust dropped 32..38 during recovery: the first message this worker gets is 39.
     p, consumer = ProcessedOffsets(), GroupOffsets({SPANS: 32})
-    got = feed(p, consumer, [39, 40] + list(range(32, 42)))
-    assert got == [(39, 32), (40, -1)] + [(o, None) for o in range(32, 42)]
+    assert feed(p, consumer, [39, 40, 41]) == [(39, 32), (40, None), (41, None)]
     assert p.positions[SPANS] == 42
-    assert "seeking back to 32" in caplog.text
+    assert "reading offsets 32 to 38" in caplog.text
 
 
-def test_a_gap_in_the_middle_seeks_back_to_the_offset_after_the_last_processed() -> None:
+def test_a_gap_in_the_middle_is_read_from_the_offset_after_the_last_processed() -> None:
     p, consumer = ProcessedOffsets(), GroupOffsets({SPANS: 0})
-    assert feed(p, consumer, [0, 1, 5, 6, 2, 3, 4, 5, 6]) == [
-        (0, None), (1, None), (5, 2), (6, -1), (2, None), (3, None), (4, None), (5, None), (6, None)]
+    assert feed(p, consumer, [0, 1, 5, 6]) == [(0, None), (1, None), (5, 2), (6, None)]
 
 
-def test_offsets_that_never_come_back_are_given_up_on_after_the_wait(caplog) -> None:
+def test_a_replay_below_what_was_processed_is_no_gap() -> None:
+    p, consumer = ProcessedOffsets(), GroupOffsets({SPANS: 0})
+    assert feed(p, consumer, [0, 1, 2, 1, 2, 3]) == [(0, None), (1, None), (2, None), (1, None), (2, None), (3, None)]
+
+
+def test_a_revoked_partition_starts_again_from_the_groups_offset() -> None:
     p, consumer = ProcessedOffsets(), GroupOffsets({SPANS: 32})
-    assert feed(p, consumer, [39], now=0.0) == [(39, 32)]
-    assert feed(p, consumer, [40], now=1.0) == [(40, -1)]
-    assert feed(p, consumer, [41], now=REWIND_WAIT_S + 1) == [(41, None)]
-    assert "going on" in caplog.text
-
-
-def test_a_revoked_partition_forgets_its_rewind() -> None:
-    p, consumer = ProcessedOffsets(), GroupOffsets({SPANS: 32})
-    assert feed(p, consumer, [39]) == [(39, 32)]
+    assert feed(p, consumer, [32, 33]) == [(32, None), (33, None)]
     p.forget({SPANS})
-    consumer._committed_offset[SPANS] = 39  # the next owner committed past them
-    assert feed(p, consumer, [39]) == [(39, None)]
+    consumer._committed_offset[SPANS] = 40  # the next owner committed up to 40 meanwhile
+    assert feed(p, consumer, [40]) == [(40, None)]
 
 
 def test_a_tick_late_or_after_a_gap_says_the_worker_was_cut_off() -> None:
@@ -113,3 +113,9 @@ def test_recheck_makes_the_partition_catch_up_again_to_the_log_end_seen_now() ->
     assert not offsets.caught_up(consumer, [SPANS], 3.0)
     feed(offsets, consumer, list(range(5, 9)))
     assert offsets.caught_up(consumer, [SPANS], 4.0)
+
+
+def test_a_partition_the_group_never_committed_counts_from_offset_0() -> None:
+    # Faust keeps a committed 0 as None: the first message must still be offset 0.
+    p, consumer = ProcessedOffsets(), GroupOffsets({})
+    assert feed(p, consumer, [2, 3]) == [(2, 0), (3, None)]
