@@ -22,7 +22,7 @@ from rlpulse.pipeline import settings_env
 from rlpulse.settings import Settings
 from schemas.codec import Codec
 from schemas.topics import ensure_topics
-from sinks.alert_feed import alert_id
+from sinks.webhook import alert_id
 
 pytestmark = pytest.mark.integration
 TOKEN = "T0AAA/B0BBB/xoxb-s3cr3t-t0ken"  # a Slack-style token in the URL path
