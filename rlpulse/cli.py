@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("services", help="start, stop or inspect the local Kafka broker")
     p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("--brokers", type=int, choices=[1, 3, 5], default=None,
+                   help="up: a KRaft cluster of this many nodes on the bootstrap port and the ones after it, "
+                        "replication 3 (default: the cluster formed in RLPULSE_HOME, if any, else 1)")
     _add_common(p)
     p.set_defaults(func=commands.cmd_services)
 

@@ -23,7 +23,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
 def cmd_services(args: argparse.Namespace) -> int:
     from rlpulse import services
 
-    return services.main(settings_of(args), args.action)
+    return services.main(settings_of(args), args.action, args.brokers)
 
 
 def cmd_streams(args: argparse.Namespace) -> int:

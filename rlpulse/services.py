@@ -4,42 +4,42 @@ Apache Kafka 3.9.1 runs as one KRaft node (broker and controller in one JVM) fro
 jars, which ``mvn`` fetches from Maven Central into ``$RLPULSE_HOME/kafka/libs``. Everything the
 broker writes (config, data, pid file, log) lives under ``$RLPULSE_HOME/kafka``. Only the process
 named in our pid file is ever stopped; a broker someone else runs on the port is left alone.
+``--brokers 3`` starts a cluster of such nodes instead (``rlpulse.cluster``); ``down`` and
+``status`` act on the cluster formed in the home, if there is one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import logging
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlpulse.kafka_jvm import STOP_TIMEOUT, ServicesError, launch
+from rlpulse.kafka_jvm import format_storage as _format_storage
+from rlpulse.kafka_jvm import is_kafka_with as _is_kafka_with
+from rlpulse.kafka_jvm import log_tail as _log_tail
+from rlpulse.kafka_jvm import pid_alive as _pid_alive
+from rlpulse.kafka_jvm import say as _say
+from rlpulse.kafka_jvm import stop as _stop
+from rlpulse.kafka_jvm import write_log4j as _write_log4j
+from rlpulse.kafka_jvm import write_private as _write_private
 from rlpulse.progress import Ticker
-from rlpulse.settings import PRIVATE_UMASK, Settings, private_dir, private_file
+from rlpulse.settings import PRIVATE_UMASK, Settings, private_dir
+
+if TYPE_CHECKING:
+    from rlpulse.secure_broker import TlsListeners
 
 KAFKA_VERSION = "3.9.1"
 POM = Path(__file__).parent / "kafka" / "pom.xml"
 START_TIMEOUT = 60.0
-STOP_TIMEOUT = 30.0
-JVM_OPTS = ["-Xmx512m", "-Xms256m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
-
-
-class ServicesError(RuntimeError):
-    """A failure with a message meant for the user as it is."""
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
 
 
 def _kafka_dir(settings: Settings) -> Path:
@@ -103,47 +103,13 @@ def broker_answers(bootstrap: str, timeout: float = 5.0, **client_kwargs: object
         quiet.setLevel(level)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.waitpid(pid, os.WNOHANG)  # reap it if it is our own exited child
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _is_our_kafka(pid: int, settings: Settings) -> bool:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:  # no /proc (macOS): ask ps
-        run = subprocess.run(["ps", "-p", str(pid), "-o", "command="], capture_output=True, text=True)
-        argv = run.stdout.split()
-    server = str(_kafka_dir(settings) / "server.properties")  # not some other home's broker under a reused pid
-    return bool(argv) and Path(argv[0]).name == "java" and "kafka.Kafka" in argv and server in argv
-
-
 def our_pid(settings: Settings) -> int | None:
     """Pid of the broker rlpulse started under ``settings.home``, if that process still runs."""
     try:
         pid = int(_pid_file(settings).read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if _pid_alive(pid) and _is_our_kafka(pid, settings) else None
-
-
-def _log_tail(settings: Settings, lines: int = 30) -> str:
-    try:
-        return "\n".join(_log_file(settings).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log written)"
+    return pid if _pid_alive(pid) and _is_kafka_with(pid, _kafka_dir(settings) / "server.properties") else None
 
 
 def _require(*tools: str) -> None:
@@ -191,11 +157,6 @@ def fetch_jars(settings: Settings) -> Path:
     return libs
 
 
-def _write_private(path: Path, text: str) -> None:
-    with open(private_file(path, append=False), "w") as f:
-        f.write(text)
-
-
 def _write_config(settings: Settings, host: str, port: int, tls: TlsListeners | None = None) -> tuple[Path, Path]:
     kdir = _private_kafka_dir(settings)
     server = kdir / "server.properties"
@@ -221,39 +182,7 @@ def _write_config(settings: Settings, host: str, port: int, tls: TlsListeners | 
         "group.initial.rebalance.delay.ms=0\n"
         "log.retention.hours=168\n"
     )
-    log4j = kdir / "log4j.properties"
-    _write_private(
-        log4j,
-        "log4j.rootLogger=INFO, file\n"
-        "log4j.appender.file=org.apache.log4j.RollingFileAppender\n"
-        f"log4j.appender.file.File={_log_file(settings)}\n"
-        "log4j.appender.file.MaxFileSize=50MB\n"
-        "log4j.appender.file.MaxBackupIndex=2\n"
-        "log4j.appender.file.layout=org.apache.log4j.PatternLayout\n"
-        "log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
-        "log4j.logger.kafka.request.logger=WARN\n"
-        "log4j.logger.org.apache.kafka.clients=WARN\n"
-    )
-    return server, log4j
-
-
-def _cluster_id() -> str:
-    while True:  # Kafka's own rule: never an id that reads like a command-line flag
-        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        if not text.startswith("-"):
-            return text
-
-
-def _format_storage(settings: Settings, libs: Path, server: Path, log4j: Path) -> None:
-    if (_kafka_dir(settings) / "data" / "meta.properties").exists():
-        return
-    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # StorageTool chokes on COLUMNS
-    cmd = ["java", f"-Dlog4j.configuration=file:{log4j}", "-cp", f"{libs}/*",
-           "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(server)]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, umask=PRIVATE_UMASK)
-    if run.returncode != 0:
-        raise ServicesError(f"formatting Kafka storage failed (exit {run.returncode}):\n{run.stdout}{run.stderr}")
-    _say(f"formatted Kafka storage in {_kafka_dir(settings) / 'data'}")
+    return server, _write_log4j(kdir / "log4j.properties", _log_file(settings))
 
 
 def up(settings: Settings, tls: TlsListeners | None = None) -> None:
@@ -288,15 +217,9 @@ def up(settings: Settings, tls: TlsListeners | None = None) -> None:
     libs = fetch_jars(settings)
     _require("java")
     server, log4j = _write_config(settings, host, port, tls)
-    _format_storage(settings, libs, server, log4j)
-    cmd = ["java", *JVM_OPTS, f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={log.parent}",
-           "-cp", f"{libs}/*", "kafka.Kafka", str(server)]
+    _format_storage(_kafka_dir(settings) / "data", libs, server, log4j)
     started = time.monotonic()
-    # umask 077: the broker's data, its log4j files and its GC logs are the owner's only
-    with open(private_file(log), "ab") as out:
-        proc = subprocess.Popen(cmd, cwd=log.parent, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True, umask=PRIVATE_UMASK)
-    _write_private(_pid_file(settings), f"{proc.pid}\n")
+    proc = launch(libs, server, log4j, log, _pid_file(settings))
     _say(f"started the Kafka broker (pid {proc.pid}); waiting for it to answer on {bootstrap}")
     with Ticker(f"waiting for the broker to answer on {bootstrap} (pid {proc.pid})", say=_say):
         while not broker_answers(bootstrap, 2.0):
@@ -308,30 +231,10 @@ def up(settings: Settings, tls: TlsListeners | None = None) -> None:
                 _stop(proc.pid)
             if failed:
                 _pid_file(settings).unlink(missing_ok=True)
-                raise ServicesError(f"{failed}. Last lines of {log}:\n{_log_tail(settings)}")
+                raise ServicesError(f"{failed}. Last lines of {log}:\n{_log_tail(log)}")
             time.sleep(0.5)
     _say(f"Kafka {KAFKA_VERSION} broker up on {bootstrap} (pid {proc.pid}, log: {log}) "
          f"in {time.monotonic() - started:.1f}s")
-
-
-def _stop(pid: int) -> bool:
-    """SIGTERM, wait up to STOP_TIMEOUT, then SIGKILL; True if it stopped cleanly."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return True
-    deadline = time.monotonic() + STOP_TIMEOUT
-    while time.monotonic() < deadline:
-        if not _pid_alive(pid):
-            return True
-        time.sleep(0.2)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return True
-    while _pid_alive(pid):
-        time.sleep(0.1)
-    return False
 
 
 def down(settings: Settings) -> None:
@@ -393,15 +296,28 @@ def require_broker(settings: Settings, timeout: float = 10.0) -> None:
                             "RLPULSE_KAFKA_BOOTSTRAP at yours")
 
 
-def main(settings: Settings, action: str) -> int:
-    """Run ``up``, ``down`` or ``status``; the exit code: 0 ok, 1 failed, 3 ``status`` says not running."""
+def main(settings: Settings, action: str, brokers: int | None = None) -> int:
+    """Run ``up``, ``down`` or ``status``; the exit code: 0 ok, 1 failed, 3 ``status`` says not running.
+
+    ``brokers``: how many nodes ``up`` starts; None: the cluster formed in this home (``rlpulse.cluster``), if any, else one."""
+    from rlpulse import cluster
+
     try:
-        if action == "up":
+        formed = cluster.formed_size(settings)
+        if action == "up" and (brokers or formed or 1) > 1:
+            cluster.up(settings, brokers or formed)
+        elif action == "up":
+            if cluster.running(settings):
+                raise ServicesError(f"the Kafka cluster rlpulse started from RLPULSE_HOME={settings.home} runs: "
+                                    "`rlpulse services down` first, or leave out --brokers 1")
             up(settings)
         elif action == "down":
-            down(settings)
+            if formed:
+                cluster.down(settings)
+            if our_pid(settings) is not None or not formed:
+                down(settings)
         elif action == "status":
-            return 0 if status(settings) else 3
+            return 0 if (cluster.status(settings) if formed else status(settings)) else 3
         else:
             raise ValueError(f"unknown action {action!r}: expected up, down or status")
     except ServicesError as exc:

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from aiokafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError, for_code
 
 from rlpulse.settings import Settings
 from schemas.catalogue import BY_SHORT, STREAM_TABLES, TOPICS
@@ -25,30 +25,59 @@ class PartitionMismatch(RuntimeError):
     """Topics that must be co-partitioned have different partition counts."""
 
 
-def topic_specs(settings: Settings) -> list[NewTopic]:
-    specs = [NewTopic(settings.topic(t.short), 1 if t.kind == "dlq" else settings.partitions, 1) for t in TOPICS]
-    compact = {"cleanup.policy": "compact"}
+def replication_for(brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) for a cluster of ``brokers``: three copies where
+    there are three brokers, and an ``acks=all`` write acknowledged by two, so one may be down."""
+    factor = max(1, min(3, brokers))
+    return factor, 2 if factor >= 3 else 1
+
+
+def topic_specs(settings: Settings, brokers: int = 1) -> list[NewTopic]:
+    """Every topic the pipeline uses (Faust's changelogs and leader topic too: Faust would create
+    them at its own replication factor, 1), replicated as :func:`replication_for` ``brokers`` says."""
+    factor, min_isr = replication_for(brokers)
+    isr = {"min.insync.replicas": str(min_isr)} if factor >= 3 else {}
+    specs = [NewTopic(settings.topic(t.short), 1 if t.kind == "dlq" else settings.partitions, factor, topic_configs=isr)
+             for t in TOPICS]
+    compact = {"cleanup.policy": "compact", **isr}
     # Faust creating its changelogs itself after its first assignment causes a second rebalance
     # at once, after which it may never commit some partitions (faust-streaming #318).
-    specs += [NewTopic(f"{settings.app_id}-{t}-changelog", settings.partitions, 1, topic_configs=compact) for t in STREAM_TABLES]
-    specs.append(NewTopic(f"{settings.app_id}-__assignor-__leader", 1, 1))
+    specs += [NewTopic(f"{settings.app_id}-{t}-changelog", settings.partitions, factor, topic_configs=compact)
+              for t in STREAM_TABLES]
+    specs.append(NewTopic(f"{settings.app_id}-__assignor-__leader", 1, factor, topic_configs=isr))
     return specs
 
 
 async def ensure_topics_async(settings: Settings) -> list[str]:
-    """Create missing topics; returns the names created. Existing topics are left as they are."""
+    """Create missing topics; returns the names created. Existing topics are left as they are.
+
+    The replication factor follows the brokers the cluster's metadata lists now (min(3, brokers)):
+    one on the single local broker, three with ``min.insync.replicas=2`` on a cluster of three or
+    more. Topics created while a broker of three is down get two copies (said in the log)."""
     admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
     await admin.start()
     created = []
     try:
         existing = set(await admin.list_topics())
-        missing = [spec for spec in topic_specs(settings) if spec.name not in existing]
+        brokers = len((await admin.describe_cluster())["brokers"])
+        missing = [spec for spec in topic_specs(settings, brokers) if spec.name not in existing]
+        if missing and 1 < brokers < 3:
+            log.warning("creating %d topics with %d copies: the cluster lists %d brokers now", len(missing), brokers, brokers)
         for spec in missing:  # one at a time: a concurrent creator makes only that topic fail
             try:
-                await admin.create_topics([spec])
-                created.append(spec.name)
+                response = await admin.create_topics([spec])
             except TopicAlreadyExistsError:
-                pass
+                continue
+            # aiokafka returns a topic's error in the response rather than raising it: a topic
+            # not created (too few brokers for its replicas, say) would be auto-created later
+            # with the broker's defaults, unreplicated.
+            for _, code, *message in response.topic_errors:
+                if code not in (0, TopicAlreadyExistsError.errno):
+                    error = for_code(code)
+                    raise error(f"creating topic {spec.name} ({spec.num_partitions} partitions, {spec.replication_factor} "
+                                f"copies) failed: {error.__name__} {message[0] if message else ''}".rstrip())
+                if code == 0:
+                    created.append(spec.name)
     finally:
         await admin.close()
     return created
@@ -113,4 +142,5 @@ def check_copartitioned(settings: Settings, shorts: tuple[str, ...]) -> None:
             "RLPULSE_PARTITIONS to match, and start again.")
 
 
-__all__ = ["BY_SHORT", "PartitionMismatch", "check_copartitioned", "ensure_topics", "ensure_topics_async", "read_topic", "topic_partitions"]
+__all__ = ["BY_SHORT", "PartitionMismatch", "check_copartitioned", "ensure_topics", "ensure_topics_async", "read_topic",
+           "replication_for", "topic_partitions"]
