@@ -4,8 +4,8 @@ have ClickHouse decode the buffered containers in one insert per table.
 Per message, on the hot path, only the container framing is read in Python (magic, header,
 block sizes and sync markers: ``schemas.codec.read_header`` and ``blocks``), and its record
 type is checked against the topic, its writer schema against the reader schema, and its size
-against the sink's :class:`Limits`. Anything that fails goes to the dead-letter topic with the
-reason, and the sink goes on. No record is decoded here: ClickHouse decodes every table (see
+against the sink's :class:`Limits` (``sinks.message_checks``). Anything that fails goes to the
+dead-letter topic with the reason, and the sink goes on. No record is decoded here: ClickHouse decodes every table (see
 ``sinks.avro_sql``).
 
 Two parts, as in quixstreams: a :class:`~sinks.checkpoint.Checkpoint` decides when to commit
@@ -24,63 +24,26 @@ import asyncio
 import logging
 import signal
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from rlpulse.settings import Settings
-from schemas.catalogue import BY_SHORT, DLQ_TOPIC, TABLES, sink_topics
-from schemas.codec import DecodeError, blocks, read_header
+from schemas.catalogue import DLQ_TOPIC, sink_topics
+from schemas.codec import DecodeError
 from schemas.topics import topic_partitions
-from sinks.avro_sql import IncompatibleSchema, Plans
+from sinks.avro_sql import Plans
 from sinks.checkpoint import Checkpoint, Policy
 from sinks.clickhouse import Store, table_columns
 from sinks.dlq import queue_dead_letter, send_dead_letter
+from sinks.message_checks import Limits, check_message
 from sinks.writer import Backoff, Entry, Inserter, TableWriter
 
 log = logging.getLogger(__name__)
 
-# Container codecs ClickHouse's Avro input reads.
-CODECS = ("null", "deflate", "snappy")
 POLL_MESSAGES = 256
 SLOW_FLUSH_S = 15.0  # a checkpoint still being written after this long is treated as stalled: pause and poll
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one message may hold. The SDK writes containers of at most 1,000 records below the
-    broker's 1 MiB ``message.max.bytes``; a bigger one still arrives through producer compression
-    (the broker limits the compressed batch), a topic whose ``max.message.bytes`` was raised, or a
-    deflate or snappy container that decompresses far beyond its size on the wire. Over either
-    limit the message is dead-lettered before ClickHouse sees it."""
-
-    max_message_records: int = 100_000
-    max_message_bytes: int = 16 * 1024 * 1024  # the records' Avro bytes, decompressed
-
-
-def decoded_size(codec: str, body: memoryview, budget: int) -> int:
-    """Bytes of a block's records once decompressed; counting stops a little past ``budget``, so a
-    deflate bomb is never inflated whole (nor kept: only its length is counted)."""
-    if codec == "null":
-        return len(body)
-    if codec == "snappy":  # the block opens with its uncompressed length, a varint (then data, then a CRC)
-        n = 0
-        for i, b in enumerate(bytes(body[:5])):
-            n |= (b & 0x7F) << (7 * i)
-            if b < 0x80:
-                return n
-        raise DecodeError("corrupt snappy block: no length")
-    inflate = zlib.decompressobj(-15)  # Avro's deflate is raw deflate, no zlib header
-    size, data = 0, bytes(body)
-    try:
-        while data and size <= budget:
-            size += len(inflate.decompress(data, 1 << 20))
-            data = inflate.unconsumed_tail
-    except zlib.error as exc:
-        raise DecodeError(f"corrupt deflate block: {exc}") from None
-    return size
 
 
 @dataclass
@@ -126,29 +89,7 @@ class ClickHouseSink:
     # -- intake -------------------------------------------------------------------------------
     def check(self, msg: Any) -> tuple[str, Entry]:
         """The table and entry of a consumed message; DecodeError says why it cannot be inserted."""
-        if not msg.value:
-            raise DecodeError("empty message (no value)")
-        header = read_header(msg.value)
-        allowed = BY_SHORT[self._topics[msg.topic]].records
-        if header.name not in allowed:
-            raise DecodeError(f"record type {header.name} does not belong on topic {msg.topic} (it carries {', '.join(allowed)})")
-        if header.codec not in CODECS:
-            raise DecodeError(f"Avro container codec {header.codec!r} is not one of {', '.join(CODECS)}")
-        records, size, limits = 0, 0, self.limits
-        for count, body in blocks(msg.value, header):  # walks every sync marker
-            records += count
-            size += decoded_size(header.codec, body, limits.max_message_bytes - size)
-        if records > limits.max_message_records:
-            raise DecodeError(f"container holds {records} records, over the sink's limit of {limits.max_message_records} a message")
-        if size > limits.max_message_bytes:
-            raise DecodeError(f"container's records take over {limits.max_message_bytes} bytes decoded "
-                              f"({len(msg.value)} on the wire), over the sink's limit of {limits.max_message_bytes} a message")
-        table = TABLES[header.name]
-        try:
-            self._plans.plan(table, header.name, header.schema_json)
-        except IncompatibleSchema as exc:
-            raise DecodeError(f"{header.name} writer schema does not resolve into the reader schema: {exc}") from None
-        return table, Entry(msg, header, records)
+        return check_message(msg, self._topics, self._plans, self.limits)
 
     async def _take(self, msg: Any) -> None:
         try:
