@@ -310,7 +310,7 @@ def render(store: Store, run_id: str, attempt: int | None = None, step: int | No
            sample: str | None = None) -> str:
     """The whole page as a string. ``attempt`` None: the latest attempt that has data (or 0).
     ``step``/``sample``: whose trajectories the page shows (default: see sinks.trajectories.select)."""
-    from sinks import trajectories  # it imports this module (esc)
+    from sinks import trajectory_html  # it imports this module (esc)
 
     note = ""
     if attempt is None:
@@ -326,10 +326,10 @@ def render(store: Store, run_id: str, attempt: int | None = None, step: int | No
         ("Alerts", alerts_chart(store, run_id, attempt)),
     ]
     sections = "\n".join(f"<section><h2>{esc(h)}</h2>\n{svg}\n</section>" for h, svg in charts)
-    sections += "\n" + trajectories.render_section(store, run_id, attempt, step, sample)
+    sections += "\n" + trajectory_html.render_section(store, run_id, attempt, step, sample)
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     return PAGE.format(title=esc(f"rlpulse report: run {run_id}, attempt {attempt}"), sections=sections,
-                       css=trajectories.CSS,
+                       css=trajectory_html.CSS,
                        subtitle=esc(f"Read from {store.url} at {generated}. Times are UTC.{note}"))
 
 

@@ -281,7 +281,7 @@ def test_bad_step_or_sample_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_no_sample_ids_no_rollouts_and_the_cap(tmp_path: Path) -> None:
-    from sinks.trajectories import render_section
+    from sinks.trajectory_html import render_section
 
     store_url = f"chdb://{tmp_path / 'ch'}"
     _seed(store_url)

@@ -1,10 +1,11 @@
-"""The span tree of a trajectory (sinks.trajectories.build_tree / tree_html), without a store."""
+"""The span tree of a trajectory (sinks.trajectories.build_tree, sinks.trajectory_html.tree_html), without a store."""
 
 from __future__ import annotations
 
 import re
 
-from sinks.trajectories import SpanRow, build_tree, duration, key_attributes, tree_html
+from sinks.trajectories import SpanRow, build_tree
+from sinks.trajectory_html import duration, key_attributes, tree_html
 
 MS = 1_000_000
 
