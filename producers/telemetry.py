@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from producers import events as v
 from producers import process
-from producers.queue import SPANS, STEPS, Channel
+from producers.queue import (DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_QUEUED_BYTES, ROLLOUT_QUEUED_BYTES, SPANS,
+                             STEP_QUEUED_BYTES, STEPS, Channel)
 from producers.records import SPAN_NULLS, Records
 from producers.sender import DEFAULT_BUFFER_BYTES, Outgoing, Sender, SenderConfig
+from producers.span_fields import SPAN_ENCODED_BYTES, span_fields
 from rlpulse.settings import Settings
 from schemas.catalogue import run_key
 
@@ -28,20 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_TERMS = v.MAX_TERMS  # distinct reward terms per run: a high-cardinality guard (seed 000)
-SPAN_KINDS = ("ROLLOUT", "REWARD", "LLM", "TOOL", "GRADER", "ANNOTATION", "CUSTOM")
-# Encoded bytes of a span's fixed fields (ids, times, numbers, enum and union indexes), for
-# the too-large check; the variable ones (strings, maps) are added from their lengths.
-SPAN_ENCODED_BYTES = 160
-# What one queued event holds in memory until it is acknowledged (its argument tuples, number
-# objects, copied dicts; measured with tracemalloc), which is 2-4x its encoded size: counting
-# this makes buffer_bytes bound the SDK's memory, not only the bytes it would put on the wire.
-# Strings add their length (a rollout id made per call is kept alive by the queue).
-ROLLOUT_QUEUED_BYTES = 480
-GRADER_QUEUED_BYTES = 420
-STEP_QUEUED_BYTES = 380
-DICT_QUEUED_BYTES = 240  # a copied term_shares or attributes dict, plus ENTRY_BYTES an entry
-ENTRY_BYTES = 60
-_OWN_FIELDS = frozenset(("project", "run_id", "attempt", "stage", "writer_id", "sequence_id"))  # set by the writer
 _NO_SHARES: dict[str, float] = {}  # shared, never mutated: the builders only read it
 assert v.MAX_DURATION_S == 1e9 and v.MAX_NAME == 256  # the calls test these literals
 
@@ -328,19 +316,7 @@ class TrainingTelemetry:
         infinity, an int beyond Avro long, a lone surrogate, a wrong type or kind) or a span that
         can never fit a message.
         """
-        fields = {k: x for k, x in span.items() if k not in _OWN_FIELDS}
-        kind = fields.get("kind")
-        if kind not in SPAN_KINDS:
-            raise ValueError(f"kind must be one of {', '.join(SPAN_KINDS)}; got {kind!r}")
-        for name in ("time_ns", "trace_id", "span_id", "name", "start_time_ns", "end_time_ns"):
-            if fields.get(name) is None:
-                raise ValueError(f"span field {name} is required")
-        self._sender.check("Span", fields, complete=False)
-        v.check_span_limits(fields)
-        v.require_count("step", fields.get("step"))
-        variable = {k: fields.get(k) for k in ("name", "status_message", "rollout_id", "attempt_id", "attributes",
-                                               "term", "outcome", "sample_id", "term_shares")}
-        v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, variable)
+        fields = span_fields(span, self._sender.check, self._span_limit, self._span_encoded_bytes)
         return self._put(SPANS, self._span_channel, fields, v.queued_bytes(fields))
 
     def publish_hardware(self, record_type: str, key: str, record: Mapping[str, Any]) -> bool:
