@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from rlpulse import services
+from rlpulse import cluster, services
 from rlpulse.settings import Settings
 from schemas.catalogue import SINK_TOPICS
 
@@ -154,3 +154,63 @@ def own_broker(tmp_path: Path) -> Iterator[OwnBroker]:
         yield broker
     finally:
         broker.down()
+
+
+def _free_port_run(count: int) -> int:
+    """A port p with p .. p + count - 1 all free, in 20000-30000 as ``_free_port_pair``."""
+    for _ in range(100):
+        port, held = random.randrange(20000, 30000 - count, 2), []
+        try:
+            for i in range(count):
+                held.append(socket.socket())
+                held[-1].bind(("127.0.0.1", port + i))
+            return port
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise RuntimeError(f"no {count} free neighbouring ports in 20000-30000 for a test cluster")
+
+
+class OwnCluster:
+    """A Kafka cluster of one test's own (``rlpulse.cluster``: three KRaft nodes, one quorum),
+    whose nodes the test may kill and start again; their data survives, as on a real restart."""
+
+    def __init__(self, settings: Settings, size: int = 3):
+        self.settings, self.size = settings, size
+
+    @property
+    def bootstrap(self) -> str:
+        return self.settings.kafka_bootstrap
+
+    def up(self) -> None:
+        cluster.up(self.settings, self.size)
+
+    def kill(self, node: int) -> int:
+        """SIGKILL node ``node`` (a crash: no controlled shutdown); its pid."""
+        return cluster.kill_node(self.settings, node)
+
+    def start(self, node: int) -> float:
+        """Start node ``node`` again; seconds until the cluster's metadata lists it."""
+        cluster.start_node(self.settings, node, self.size)
+        return cluster.wait_brokers(self.settings, self.size, {node})
+
+    def down(self) -> None:
+        cluster.down(self.settings)
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[OwnCluster]:
+    """Three Kafka nodes on free ports of 127.0.0.1 with their home under ``tmp_path``, started;
+    stopped at the end. The settings' bootstrap names all three."""
+    if shutil.which("java") is None or shutil.which("mvn") is None:
+        pytest.skip("a Kafka cluster of the test's own needs java and mvn")
+    base = _free_port_run(6)
+    own = OwnCluster(dataclasses.replace(Settings.load(), kafka_bootstrap=cluster.bootstrap("127.0.0.1", base, 3),
+                                         home=tmp_path / "cluster"))
+    try:
+        own.up()
+        yield own
+    finally:
+        own.down()
