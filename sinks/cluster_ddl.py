@@ -93,7 +93,7 @@ def cluster_statements(statement: str, cluster: str) -> list[str]:
         db, table, clauses = m.groups()
         out = [f"ALTER TABLE {db}.{local(table)} ON CLUSTER {cluster} {clauses}"]
         # The Distributed table mirrors the columns (it has no sorting key): its own ALTER adds them.
-        added = [c for c in _top_level(clauses) if c.upper().startswith("ADD COLUMN")]
+        added = [c for c in top_level_clauses(clauses) if c.upper().startswith("ADD COLUMN")]
         if added:
             out.append(f"ALTER TABLE {db}.{table} ON CLUSTER {cluster} " + ", ".join(added))
         return out
@@ -119,7 +119,7 @@ def cluster_statements(statement: str, cluster: str) -> list[str]:
                                "how to run it ON CLUSTER")
 
 
-def _top_level(text: str) -> list[str]:
+def top_level_clauses(text: str) -> list[str]:
     """An ALTER's comma-separated clauses (commas inside parentheses belong to a clause)."""
     clauses, depth, start = [], 0, 0
     for i, ch in enumerate(text):

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from sinks.clickhouse import MIGRATIONS, bootstrap_statements, migration_statements
+from sinks.cluster_ddl import top_level_clauses
 from tests.clickhouse_users import READER, SINK, USERS_FILE, chdb_config, grants, privileges, profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +50,7 @@ def needed(statement: str) -> set[str]:
         return set(ALL_OF_A_MOVE)
     if s.startswith("ALTER TABLE"):
         out = set()
-        for clause in _top_level_clauses(s.split(" ", 3)[3]):
+        for clause in top_level_clauses(s.split(" ", 3)[3]):
             kind = next((grant for op, grant in ALTERS.items() if clause.startswith(op)), None)
             if kind is None:
                 raise AssertionError(f"unclassified ALTER clause {clause!r}: add it to ALTERS here and grant it to "
@@ -58,17 +59,6 @@ def needed(statement: str) -> set[str]:
         return out
     raise AssertionError(f"unclassified migration statement: {statement[:200]!r}: classify it in needed() here and "
                          f"grant what it needs to {SINK} in {USERS_FILE.relative_to(REPO)}")
-
-
-def _top_level_clauses(text: str) -> list[str]:
-    """An ALTER's comma-separated clauses (commas inside parentheses belong to a clause)."""
-    clauses, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            clauses.append(text[start:i].strip())
-            start = i + 1
-    return [*clauses, text[start:].strip()]
 
 
 def all_statements() -> list[str]:
