@@ -5,8 +5,9 @@ The cluster is the test's own (``own_cluster``: three KRaft nodes of ``rlpulse s
 --brokers 3`` on free ports, never the shared broker). Its topics have three copies and
 ``min.insync.replicas=2``, so with one broker down the SDK's ``acks=all`` sends still succeed:
 nothing is dropped, nothing is lost, nothing is counted twice. The broker killed is the one that
-leads the most of the pipeline's partitions (ties: the one coordinating the most of its consumer
-groups), so the SDK, the streams and the sink all see leaders move.
+coordinates the most of the pipeline's consumer groups (ties: the one leading the most partitions):
+the streams and the sink lose their group coordinator, and the SDK, the streams and the sink all
+see partition leaders move.
 """
 
 from __future__ import annotations
@@ -74,12 +75,12 @@ async def _coordinators_async(settings: Settings, groups: tuple[str, ...]) -> di
 
 
 def pick_victim(settings: Settings, groups: tuple[str, ...]) -> tuple[int, Counter, dict[str, int]]:
-    """The broker leading the most partitions (ties: coordinating the most groups), the leader
+    """The broker coordinating the most groups (ties: leading the most partitions), the leader
     counts and the groups' coordinators."""
     leaders = Counter(leader for leader, _, _ in partitions(settings).values())
     coordinators = asyncio.run(_coordinators_async(settings, groups))
     coordinating = Counter(coordinators.values())
-    victim = max(leaders, key=lambda b: (leaders[b], coordinating[b], -b))
+    victim = max(leaders, key=lambda b: (coordinating[b], leaders[b], -b))
     return victim, leaders, coordinators
 
 
