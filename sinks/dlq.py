@@ -28,7 +28,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from rlpulse.settings import Settings
 from schemas.catalogue import DLQ_TOPIC
-from schemas.topics import read_topic, topic_partitions
+from schemas.topics import read_topic, replication_for, topic_partitions
 
 REASON = "rlpulse.reason"
 SOURCE_TOPIC = "rlpulse.source.topic"
@@ -109,8 +109,11 @@ async def _ensure_ledger(settings: Settings) -> str:
     await admin.start()
     try:
         if topic not in set(await admin.list_topics()):
+            # replicated like every other topic: the ledger is what keeps a replay from sending twice
+            factor, min_isr = replication_for(len((await admin.describe_cluster())["brokers"]))
+            configs = {"cleanup.policy": "compact", "min.insync.replicas": str(min_isr)}
             try:
-                await admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "compact"})])
+                await admin.create_topics([NewTopic(topic, 1, factor, topic_configs=configs)])
             except TopicAlreadyExistsError:
                 pass
     finally:
