@@ -14,8 +14,6 @@ the pipeline's: with one node of three down, ``acks=all`` producers and group co
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import signal
 import time
@@ -102,25 +100,7 @@ def running(settings: Settings) -> list[int]:
 
 def live_brokers(bootstrap_servers: str, timeout: float = 5.0) -> set[int]:
     """Ids of the brokers the cluster's metadata lists now (a fenced, dead broker is not listed)."""
-    from aiokafka.client import AIOKafkaClient
-
-    async def probe() -> set[int]:
-        client = AIOKafkaClient(bootstrap_servers=bootstrap_servers, request_timeout_ms=int(timeout * 1000))
-        try:
-            await asyncio.wait_for(client.bootstrap(), timeout)
-            return {b.nodeId for b in client.cluster.brokers()}
-        except Exception:
-            return set()
-        finally:
-            await client.close()
-
-    quiet = logging.getLogger("aiokafka")  # nodes still starting refuse connections: not an error here
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)
-    try:
-        return asyncio.run(probe())
-    finally:
-        quiet.setLevel(level)
+    return services.metadata_brokers(bootstrap_servers, timeout)
 
 
 def _cluster_id(settings: Settings) -> str:

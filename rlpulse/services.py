@@ -82,15 +82,21 @@ def broker_answers(bootstrap: str, timeout: float = 5.0, **client_kwargs: object
     """True if a Kafka broker at ``bootstrap`` answers a metadata request within ``timeout`` seconds.
 
     ``client_kwargs``: security settings (``Settings.kafka_client_kwargs()`` less the bootstrap)."""
+    return bool(metadata_brokers(bootstrap, timeout, **client_kwargs))
+
+
+def metadata_brokers(bootstrap: str, timeout: float = 5.0, **client_kwargs: object) -> set[int]:
+    """Ids of the brokers the metadata at ``bootstrap`` lists now (a fenced, dead one is not
+    listed); empty when nothing answers within ``timeout`` seconds."""
     from aiokafka.client import AIOKafkaClient
 
-    async def probe() -> bool:
+    async def probe() -> set[int]:
         client = AIOKafkaClient(**{**client_kwargs, "bootstrap_servers": bootstrap}, request_timeout_ms=int(timeout * 1000))
         try:
             await asyncio.wait_for(client.bootstrap(), timeout)
-            return bool(client.cluster.brokers())
+            return {b.nodeId for b in client.cluster.brokers()}
         except Exception:
-            return False
+            return set()
         finally:
             await client.close()
 
