@@ -8,12 +8,15 @@ events, so their records/s are converted to events/s with our records-per-messag
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from bench.stats import median
 from rlpulse import services
@@ -53,7 +56,111 @@ def tools_libs(settings: Settings) -> Path:
     return libs
 
 
-def _java(libs: Path, main: str, args: list[str], timeout: float) -> str:
+_CERT = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
+_PLAIN_KEY = re.compile(r"-----BEGIN PRIVATE KEY-----.+?-----END PRIVATE KEY-----", re.S)
+_LOGIN_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+                  "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                  "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
+
+
+def _escape(value: str) -> str:
+    """A value as java.util.Properties reads it back (Latin-1 file: anything else as \\uXXXX)."""
+    out = []
+    for c in value:
+        if c == "\\":
+            out.append("\\\\")
+        elif c in "\n\r\t\f":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t", "\f": "\\f"}[c])
+        elif not " " <= c <= "~":  # UTF-16 units, as Java strings hold them
+            units = c.encode("utf-16-be")
+            out += [f"\\u{int.from_bytes(units[i:i + 2], 'big'):04x}" for i in range(0, len(units), 2)]
+        else:
+            out.append(c)
+    text = "".join(out)
+    return "\\" + text if text.startswith(" ") else text  # a leading blank would be dropped
+
+
+def _jaas_quote(value: str) -> str:
+    """A JAAS option value in double quotes (JAAS reads backslash escapes inside them)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def client_properties(settings: Settings, folder: Path) -> dict[str, str]:
+    """The Java clients' security settings for ``settings`` (empty for PLAINTEXT).
+
+    With mTLS, the client certificate and its key go into one PEM keystore in ``folder`` (Kafka's
+    PEM keystore is a single file holding the PKCS#8 key and the chain; see :func:`_plain_pkcs8`)."""
+    protocol = settings.kafka_security_protocol
+    if protocol == "PLAINTEXT":
+        return {}
+    props = {"security.protocol": protocol}
+    if protocol.startswith("SASL_"):
+        mechanism = settings.kafka_sasl_mechanism
+        props["sasl.mechanism"] = mechanism
+        props["sasl.jaas.config"] = (f"{_LOGIN_MODULES[mechanism]} required username={_jaas_quote(settings.kafka_sasl_username)} "
+                                     f"password={_jaas_quote(settings.kafka_sasl_password)};")
+    if protocol.endswith("SSL"):
+        if settings.kafka_ssl_cafile:  # else the JVM's own CAs, as the Python clients use the system's
+            props.update({"ssl.truststore.type": "PEM", "ssl.truststore.location": settings.kafka_ssl_cafile})
+        if settings.kafka_ssl_certfile:
+            cert_text = Path(settings.kafka_ssl_certfile).read_text()
+            certs = "".join(f"{m}\n" for m in _CERT.findall(cert_text))
+            key = _plain_pkcs8(settings.kafka_ssl_keyfile or settings.kafka_ssl_certfile, settings.kafka_ssl_key_password)
+            keystore = folder / "client-keystore.pem"
+            _write_private(keystore, key + certs)
+            props.update({"ssl.keystore.type": "PEM", "ssl.keystore.location": str(keystore)})
+    return props
+
+
+def _plain_pkcs8(path: str, password: str) -> str:
+    """The private key in ``path`` as unencrypted PKCS#8 PEM, for Kafka's PEM keystore.
+
+    Kafka reads only PKCS#8, and of encrypted keys only PBES1 ones: a key encrypted as openssl
+    does by default (PBES2, e.g. AES-256) fails with "PBES2 SecretKeyFactory not available". So
+    the key is decrypted with openssl (the password on its stdin) into the keystore, which lives
+    in the same private 0700 folder as the password file and goes with it."""
+    text = Path(path).read_text()
+    plain = _PLAIN_KEY.search(text)
+    if plain:
+        return plain.group(0) + "\n"
+    if "PRIVATE KEY-----" not in text:
+        raise PerfError(f"no private key in {path} (RLPULSE_KAFKA_SSL_KEYFILE): the Java tools need the client certificate's key")
+    if shutil.which("openssl") is None:
+        raise PerfError("the client key is encrypted or not PKCS#8, which Kafka's Java PEM keystore cannot read: "
+                        "install openssl to convert it, or give RLPULSE_KAFKA_SSL_KEYFILE an unencrypted PKCS#8 key")
+    run = subprocess.run(["openssl", "pkcs8", "-topk8", "-nocrypt", "-in", path, "-passin", "stdin"],
+                         input=password + "\n", capture_output=True, text=True, timeout=30)
+    key = _PLAIN_KEY.search(run.stdout) if run.returncode == 0 else None
+    if key is None:
+        why = next((line for line in run.stderr.splitlines() if "could not" in line.lower()), f"exit {run.returncode}")
+        raise PerfError(f"openssl could not read the client key {path} with RLPULSE_KAFKA_SSL_KEY_PASSWORD ({why.strip()})")
+    return key.group(0) + "\n"
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="latin-1", errors="strict") as f:
+        f.write(text)
+
+
+@contextlib.contextmanager
+def client_config(settings: Settings) -> Iterator[Path | None]:
+    """A 0600 properties file of the security settings for ``--producer.config`` /
+    ``--consumer.config``, in a private temp folder removed on exit; None for PLAINTEXT.
+
+    Passwords go to the tools only through this file, never on a command line that ``ps`` shows."""
+    if settings.kafka_security_protocol == "PLAINTEXT":
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="rlpulse-bench-client-") as tmp:  # mkdtemp: 0700
+        folder = Path(tmp)
+        path = folder / "client.properties"
+        _write_private(path, "".join(f"{k}={_escape(v)}\n" for k, v in client_properties(settings, folder).items()))
+        yield path
+
+
+def _java(libs: Path, main: str, args: list[str], timeout: float) -> tuple[str, str]:
+    """(the tool's stdout, its arguments as one line: what the results record of how it ran)."""
     with tempfile.NamedTemporaryFile("w", suffix=".properties", prefix="rlpulse-bench-log4j-") as log4j:
         log4j.write(LOG4J)
         log4j.flush()
@@ -63,9 +170,11 @@ def _java(libs: Path, main: str, args: list[str], timeout: float) -> str:
         except subprocess.TimeoutExpired as exc:
             raise PerfError(f"{main.rsplit('.', 1)[-1]} ran past {timeout:.0f}s") from exc
     if run.returncode != 0:
-        tail = "\n".join((run.stdout + run.stderr).splitlines()[-15:])
+        # a Java stack trace's frames would crowd out its messages ("Caused by: ..."): keep those
+        lines = [line for line in (run.stdout + run.stderr).splitlines() if not line.lstrip().startswith(("at ", "..."))]
+        tail = "\n".join(lines[-15:])
         raise PerfError(f"{main.rsplit('.', 1)[-1]} exited with {run.returncode}:\n{tail}")
-    return run.stdout
+    return run.stdout, " ".join([main.rsplit(".", 1)[-1], *args])
 
 
 def parse_producer(stdout: str) -> dict[str, float]:
@@ -100,18 +209,22 @@ def parse_consumer(stdout: str) -> dict[str, float]:
 def producer_perf(settings: Settings, libs: Path, topic: str, records: int, record_size: int,
                   timeout: float = 120.0) -> dict[str, float]:
     props = [f"bootstrap.servers={settings.kafka_bootstrap}", *(f"{k}={v}" for k, v in PRODUCER_PROPS.items())]
-    out = _java(libs, "org.apache.kafka.tools.ProducerPerformance",
-                ["--topic", topic, "--num-records", str(records), "--record-size", str(record_size),
-                 "--throughput", "-1", "--producer-props", *props], timeout)
-    return parse_producer(out)
+    with client_config(settings) as config:
+        out, command = _java(libs, "org.apache.kafka.tools.ProducerPerformance",
+                             ["--topic", topic, "--num-records", str(records), "--record-size", str(record_size),
+                              "--throughput", "-1", *(["--producer.config", str(config)] if config else []),
+                              "--producer-props", *props], timeout)
+    return {**parse_producer(out), "command": command}
 
 
 def consumer_perf(settings: Settings, libs: Path, topic: str, messages: int, timeout: float = 120.0) -> dict[str, float]:
     """Read ``messages`` records of ``topic`` from the start, in a fresh consumer group."""
-    out = _java(libs, "org.apache.kafka.tools.ConsumerPerformance",
-                ["--bootstrap-server", settings.kafka_bootstrap, "--topic", topic, "--messages", str(messages),
-                 "--group", f"rlpulse-bench-cperf-{uuid.uuid4().hex[:8]}", "--timeout", "30000"], timeout)
-    return parse_consumer(out)
+    with client_config(settings) as config:
+        out, command = _java(libs, "org.apache.kafka.tools.ConsumerPerformance",
+                             ["--bootstrap-server", settings.kafka_bootstrap, "--topic", topic, "--messages", str(messages),
+                              "--group", f"rlpulse-bench-cperf-{uuid.uuid4().hex[:8]}", "--timeout", "30000",
+                              *(["--consumer.config", str(config)] if config else [])], timeout)
+    return {**parse_consumer(out), "command": command}
 
 
 def producer_ceiling(settings: Settings, libs: Path, topic: str, record_size: int, events_per_record: float,

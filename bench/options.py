@@ -13,13 +13,16 @@ REPS = 3
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=1000, help="concurrent runs in the backlog (1,012 events each)")
     p.add_argument("--reps", type=int, default=REPS, help="drains, each of a fresh backlog; the rate is their median")
-    p.add_argument("--quick", action="store_true", help="try the harness: 50 runs, one drain, 5 s of latency")
+    p.add_argument("--quick", action="store_true",
+                   help="try the harness: 50 runs, one drain, one run of each ceiling and of SDK -> Kafka, 5 s of latency")
     p.add_argument("--skip-sdk", action="store_true", help="leave out bench/sdk.py's figures")
     p.add_argument("--skip-e2e", action="store_true", help="leave out the ceilings, the drains and the latency")
     p.add_argument("--drain-timeout", type=float, default=300.0, help="seconds before a drain counts as not completed")
     p.add_argument("--latency-s", type=float, default=20.0, help="seconds of live load for the latency figures")
     p.add_argument("--no-profile", action="store_true", help="do not attach py-spy during the first drain")
     p.add_argument("--keep", action="store_true", help="keep the benchmark's topics and chDB stores afterwards")
+    p.add_argument("--output", metavar="DIR", default=None,
+                   help="folder for latest.json, its timestamped copy, the processes' logs and profiles (default bench/results)")
 
 
 def to_argv(args: argparse.Namespace) -> list[str]:

@@ -5,8 +5,10 @@ ceilings from the broker's jars, a backlog of about a million events of 1,000 co
 drained through ``rlpulse streams`` and ``rlpulse sink`` with the figures checked against the
 truth, event-to-row latency at half that rate, peak memory and a profile of each process.
 
-Prints a table and writes bench/results/latest.json and a timestamped copy. This machine is
-shared and noisy: compare the ratios measured in one run, not absolute numbers across runs.
+Prints a table and writes bench/results/latest.json and a timestamped copy (or both under
+``--output DIR``). The broker is the settings' (``RLPULSE_KAFKA_*``, TLS and SASL included).
+This machine is shared and noisy: compare the ratios measured in one run, not absolute numbers
+across runs.
 """
 
 from __future__ import annotations
@@ -69,16 +71,16 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def sdk_figures(settings: Settings) -> dict[str, Any]:
+def sdk_figures(settings: Settings, repetitions: int = REPS) -> dict[str, Any]:
     """bench/sdk.py's figures (its owner keeps them); a failure is recorded, not fatal."""
     out: dict[str, Any] = {}
     try:
         from bench import sdk
     except ImportError as exc:
         return {"errors": {"sdk": f"bench/sdk.py could not be imported: {exc}"}}
-    # three repetitions of SDK-to-broker too: the design asks for medians
+    # three repetitions of SDK-to-broker too (one with --quick): the design asks for medians
     for name, call in (("sdk_call", lambda: sdk.measure_sdk_call()),
-                       ("sdk_to_kafka", lambda: sdk.measure_sdk_to_kafka(settings, repetitions=REPS))):
+                       ("sdk_to_kafka", lambda: sdk.measure_sdk_to_kafka(settings, repetitions=repetitions))):
         try:
             _say(f"sdk: {name} ...")
             with Ticker(f"sdk: {name} running", say=_say, every=10):
@@ -132,18 +134,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = Settings.load()
-    if not services.broker_answers(settings.kafka_bootstrap, 10.0):
-        _say(f"make bench: no Kafka broker answers at {settings.kafka_bootstrap}: run `rlpulse services up` (make bench does)")
+    try:
+        services.require_broker(settings)  # with the settings' TLS and SASL; a refusal is said in one line
+    except services.ServicesError as exc:
+        _say(f"make bench: {exc}")
         return 1
+    results_dir = Path(args.output).resolve() if args.output else RESULTS
     started = time.time()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    results_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
                                "git_commit": _git_commit(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                               "errors": {}}
+                               "kafka_bootstrap": settings.kafka_bootstrap,
+                               "kafka_security_protocol": settings.kafka_security_protocol, "errors": {}}
     results.update({k: None for k in SDK_KEYS})
     if not args.skip_sdk:
-        sdk = sdk_figures(settings)
+        sdk = sdk_figures(settings, repetitions=1 if args.quick else REPS)
         results["errors"].update(sdk.pop("errors", {}))
         results.update(sdk)
         if not args.keep:  # bench/sdk.py's topics (under <prefix>-sdkbench-): give the broker's disk back
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                            reps=1 if args.quick else args.reps, ceiling_reps=1 if args.quick else REPS,
                            consumer_reps=1 if args.quick else 2,
                            drain=DrainConfig(timeout_s=args.drain_timeout, profile_s=0 if args.no_profile else 15.0))
-        e2e = run_e2e(settings, config, RESULTS, _say)
+        e2e = run_e2e(settings, config, results_dir, _say)
         results["errors"].update(e2e.pop("errors", {}))
         results.update(e2e)
         results["e2e_config"] = {"workload": dataclasses.asdict(workload), "drain": {
@@ -162,16 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     add_ratios(results)
     results["seconds"] = round(time.time() - started, 1)
     text = json.dumps(results, indent=2, default=str)
-    (RESULTS / "latest.json").write_text(text)
-    (RESULTS / f"{stamp}.json").write_text(text)
+    (results_dir / "latest.json").write_text(text)
+    (results_dir / f"{stamp}.json").write_text(text)
     for name in ("streams", "sink"):
         top = results.get(f"profile_{name}_top")
         if top:
-            _say(f"\nprofile of rlpulse {name} (bench/results/profile-{name}.txt):\n" + "\n".join(top[:16]))
+            _say(f"\nprofile of rlpulse {name} ({results_dir / f'profile-{name}.txt'}):\n" + "\n".join(top[:16]))
     _say("\n" + table(results))
     for what, why in results["errors"].items():
         _say(f"not measured or failed: {what}: {why}")
-    _say(f"\n{results['seconds']:.0f}s; written to {RESULTS / 'latest.json'} and {RESULTS / (stamp + '.json')}")
+    _say(f"\n{results['seconds']:.0f}s; written to {results_dir / 'latest.json'} and {results_dir / (stamp + '.json')}")
     return 0
 
 

@@ -296,19 +296,29 @@ def bench_options():
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """What `make bench` runs: the local broker up, then bench/run.py with this interpreter."""
-    import os
+    """What `make bench` runs: the local broker up unless a broker already answers or the settings
+    ask for TLS or SASL, then bench/run.py with this interpreter and these settings."""
     import subprocess
     from pathlib import Path
 
     from rlpulse import services
+    from rlpulse.pipeline import settings_env
 
     root = Path(__file__).resolve().parents[1]
     options = bench_options()
     if options is None:
         raise RuntimeError(f"rlpulse bench runs from a source checkout: no bench/ beside {root / 'rlpulse'}")
     settings = settings_of(args)
-    if services.main(settings, "up") != 0:
+    bootstrap, protocol = settings.kafka_bootstrap, settings.kafka_security_protocol
+    if protocol != "PLAINTEXT":
+        # `services up` starts a PLAINTEXT broker only: a secured bootstrap is someone's broker, used as it is
+        print(f"rlpulse bench: measuring the broker at {bootstrap} over {protocol} as it is "
+              "(not running `services up`, which starts a local PLAINTEXT broker only)", flush=True)
+    elif services.broker_answers(bootstrap, 5.0):
+        print(f"rlpulse bench: a Kafka broker answers at {bootstrap}: measuring it (not running `services up`)", flush=True)
+    elif services.main(settings, "up") != 0:
         return 1
-    env = dict(os.environ, RLPULSE_KAFKA_BOOTSTRAP=settings.kafka_bootstrap)
-    return subprocess.call([sys.executable, str(root / "bench" / "run.py"), *options.to_argv(args)], env=env, cwd=root)
+    if getattr(args, "output", None):  # the child runs in the checkout: a relative folder means the caller's
+        args.output = str(Path(args.output).resolve())
+    return subprocess.call([sys.executable, str(root / "bench" / "run.py"), *options.to_argv(args)],
+                           env=settings_env(settings), cwd=root)

@@ -11,24 +11,30 @@ the SCRAM user with Kafka's own ConfigCommand (``rlpulse.secure_broker``).
   within 30 s with one clear line about the credentials; the SDK keeps its events and says so once.
 * mTLS: the SDK and the sink work with the client certificate (its key encrypted), and fail
   clearly without it.
+* ``rlpulse bench --quick`` over SASL_SSL: the SDK, Kafka's Java ceilings (their credentials in a
+  0600 properties file), a drain through streams and sink, the latency phase; and the Java tools
+  over mTLS with the client certificate.
 * No captured output or log holds a password.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from bench import kafka_perf
 from producers import TrainingTelemetry
 from rlpulse import secure_broker, services
 from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
@@ -218,3 +224,48 @@ def test_mtls_the_sdk_and_the_sink_with_a_client_certificate_and_without(broker:
     denied.close(1)
     logs = "".join(p.read_text() for p in (settings.home / "logs").glob("*.log"))
     broker.assert_no_secret(logs + run.stdout + run.stderr + caplog.text)
+
+
+def test_bench_measures_over_sasl_ssl_and_writes_no_password(broker: SecureBroker, tmp_path: Path) -> None:
+    settings = broker.settings(tmp_path)
+    out = tmp_path / "bench-results"  # never the checkout's bench/results
+    run, seconds = rlpulse(settings, "bench", "--quick", "--no-profile", "--output", str(out), timeout=900)
+    said = run.stdout + run.stderr
+    assert run.returncode == 0, said[-4000:]
+    assert (f"rlpulse bench: measuring the broker at 127.0.0.1:{broker.sasl_ssl} over SASL_SSL as it is "
+            "(not running `services up`, which starts a local PLAINTEXT broker only)") in run.stdout
+    text = (out / "latest.json").read_text()
+    results = json.loads(text)
+    assert results["errors"] == {}, results["errors"]
+    assert (results["kafka_bootstrap"], results["kafka_security_protocol"]) == (f"127.0.0.1:{broker.sasl_ssl}", "SASL_SSL")
+    for key in ("producer_events_per_s", "producer_ceiling_events_per_s", "consumer_ceiling_events_per_s",
+                "e2e_events_per_s", "latency_events"):
+        assert results[key] > 0, key  # the SDK, ProducerPerformance, ConsumerPerformance, the drain, the live load
+    assert results["e2e_exact"] is True and results["drain_complete"] is True
+    assert results["e2e_latency_p50_s"] is not None
+    # the Java tools' arguments as they ran: the credentials came from a file, which is gone
+    [producer] = [r["command"] for r in results["producer_ceiling_runs"]]
+    [consumer] = [r["command"] for r in results["consumer_ceiling_runs"]]
+    assert producer.startswith("ProducerPerformance ") and "--producer.config " in producer
+    assert consumer.startswith("ConsumerPerformance ") and "--consumer.config " in consumer
+    for command in (producer, consumer):
+        config = Path(command.split(".config ")[1].split(" ")[0])
+        assert config.name == "client.properties" and not config.parent.exists()
+    assert not list(Path(tempfile.gettempdir()).glob("rlpulse-bench-client-*"))
+    logs = "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+    broker.assert_no_secret(said + text + logs)
+    print(f"rlpulse bench --quick over SASL_SSL: {seconds:.0f}s, drain {results['e2e_events_per_s']:,.0f} events/s, "
+          f"ceilings producer {results['producer_ceiling_events_per_s']:,.0f} consumer "
+          f"{results['consumer_ceiling_events_per_s']:,.0f} events/s")
+
+
+def test_bench_java_tools_over_mtls_with_the_client_certificate(broker: SecureBroker, tmp_path: Path) -> None:
+    settings = broker.settings(tmp_path, mtls=True)  # its key encrypted: ssl.key.password in the 0600 file
+    ensure_topics(settings)
+    topic = settings.topic("spans")
+    libs = kafka_perf.tools_libs(settings)
+    produced = kafka_perf.producer_perf(settings, libs, topic, records=500, record_size=1000)
+    assert produced["records"] == 500 and "--producer.config " in produced["command"]
+    consumed = kafka_perf.consumer_perf(settings, libs, topic, messages=500)
+    assert consumed["messages"] == 500 and "--consumer.config " in consumed["command"]
+    broker.assert_no_secret(produced["command"] + consumed["command"])
