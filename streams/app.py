@@ -104,14 +104,15 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
     prefix_len = len(settings.topic_prefix) + 1
 
     async def drive(stream: faust.StreamT, on_message: Callable[..., list[Output]],
-                    on_tick: Callable[[int, int, bytes], list[Output]]) -> None:
-        """One agent's loop: a tick or a message in, the outputs published, the offset marked done."""
+                    on_tick: Callable[[int, int, bytes], list[Output]], tracks_catch_up: bool = False) -> None:
+        """One agent's loop: a tick or a message in, the outputs published, the offset marked done.
+        ``tracks_catch_up``: this agent's inputs are the ones ``run_tick`` follows (and reads when stuck)."""
         async for event in stream.events():
             msg, now = event.message, clock()
             short = msg.topic[prefix_len:]
             if short == TICKS_TOPIC:
                 await publish(on_tick(msg.partition, now, event.value))
-                for tp, first, end in processed.take_stuck():  # run topics only: their catch-up is tracked
+                for tp, first, end in processed.take_stuck() if tracks_catch_up else ():
                     for offset, value in await read_range(settings.kafka_client_kwargs(), tp, first, end):
                         await handle(tp.topic[prefix_len:], tp.topic, tp.partition, offset, value, on_message)
                         processed.done_offset(tp, offset)
@@ -140,7 +141,7 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
 
     @app.agent(topic(*RUN_TOPICS), concurrency=1)
     async def run_agent(stream: faust.StreamT) -> None:
-        await drive(stream, runs.on_message, run_tick)
+        await drive(stream, runs.on_message, run_tick, tracks_catch_up=True)
 
     @app.agent(topic(*HARDWARE_TOPICS), concurrency=1)
     async def gpu_agent(stream: faust.StreamT) -> None:
