@@ -2,7 +2,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 # Everything the local services and the chDB store write lives in .rlpulse/ in the checkout (git
-# ignores it): rlpulse run from a checkout picks that home itself (rlpulse.settings), so `make` and
+# ignores it): rlpulse run from a checkout picks that home itself (rlpulse.schemas.files), so `make` and
 # a bare `.venv/bin/rlpulse` share one broker and one store. RLPULSE_HOME overrides it for both.
 
 .PHONY: demo test test-scale bench soak services-up services-down browser

@@ -11,7 +11,7 @@ try:
 except ImportError:  # no Cython in the build environment: pure Python install
     extensions = []
 else:
-    extensions = cythonize([Extension("schemas._blockdecode", ["schemas/_blockdecode.pyx"], optional=True)],
+    extensions = cythonize([Extension("rlpulse.schemas._blockdecode", ["schemas/_blockdecode.pyx"], optional=True)],
                            language_level=3, quiet=True)
 
 setup(ext_modules=extensions)

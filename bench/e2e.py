@@ -33,9 +33,9 @@ from bench.stats import median
 from bench.workload import LiveRuns, Message, Truth, WorkloadConfig, messages
 from rlpulse.pipeline import Pipeline
 from rlpulse.progress import Ticker
-from rlpulse.settings import Settings
-from schemas.codec import Codec
-from schemas.topics import ensure_topics
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.topics import ensure_topics
 
 Progress = Callable[[str], None]
 
@@ -140,7 +140,7 @@ def clean_up(settings: Settings, tmp: Path, progress: Progress) -> None:
 def check_exact(settings: Settings, truth: Truth, project: str) -> dict[str, Any]:
     """ClickHouse's figures against the truth: failures by cause per run, rollouts and clipped per step,
     raw rows. The latest emission of each window or step wins, as FINAL would merge them."""
-    from sinks.clickhouse import open_store
+    from rlpulse.sinks.clickhouse import open_store
 
     with open_store(settings.clickhouse_dsn, owner="rlpulse bench") as store:
         db, q = store.database, store.client.query

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 from bench.stats import median
 from rlpulse import services
-from rlpulse.settings import Settings
+from rlpulse.schemas.settings import Settings
 
 JVM_OPTS = ["-Xmx512m", "-Xms128m", "-Djava.awt.headless=true"]
 # The jars ship only slf4j-reload4j as a backend: without a config log4j prints a warning per

@@ -23,8 +23,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from rlpulse.settings import Settings
-from schemas.topics import topic_partitions
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import topic_partitions
 
 
 # -- process memory ---------------------------------------------------------------------------

@@ -35,13 +35,13 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from bench.e2e import delete_topics
 from bench.sink import span_records
-from rlpulse.settings import Settings
-from schemas.codec import Codec
-from schemas.topics import ensure_topics
-from sinks.checkpoint import Policy
-from sinks.clickhouse import migrate, open_store
-from sinks.read_endpoint import serve_reads
-from sinks.sink import ClickHouseSink
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.checkpoint import Policy
+from rlpulse.sinks.clickhouse import migrate, open_store
+from rlpulse.sinks.read_endpoint import serve_reads
+from rlpulse.sinks.sink import ClickHouseSink
 
 HEAVY = (
     "SELECT count() FROM numbers(1000000000000) WHERE sipHash64(number) % 7 = 1",  # CPU until max_execution_time

@@ -28,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# The home is the checkout's .rlpulse (rlpulse.settings picks it for a checkout's rlpulse): the
+# The home is the checkout's .rlpulse (rlpulse.schemas.files picks it for a checkout's rlpulse): the
 # broker `make services-up` started.
 
 from bench.drain import DrainConfig  # noqa: E402
@@ -38,7 +38,7 @@ from bench.stats import ratio  # noqa: E402
 from bench.workload import WorkloadConfig  # noqa: E402
 from rlpulse import services  # noqa: E402
 from rlpulse.progress import Ticker  # noqa: E402
-from rlpulse.settings import Settings  # noqa: E402
+from rlpulse.schemas.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SDK_KEYS = ("sdk_call_ns_median", "sdk_call_ns_p99", "sdk_floor_ns_median", "producer_events_per_s")

@@ -26,9 +26,9 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from producers import TrainingTelemetry  # noqa: E402
-from producers.sender import SenderConfig  # noqa: E402
-from rlpulse.settings import Settings  # noqa: E402
+from rlpulse.producers import TrainingTelemetry  # noqa: E402
+from rlpulse.producers.sender import SenderConfig  # noqa: E402
+from rlpulse.schemas.settings import Settings  # noqa: E402
 
 CALLS = 20_000
 REPETITIONS = 5

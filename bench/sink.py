@@ -26,12 +26,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from rlpulse.settings import Settings
-from schemas.codec import Codec
-from schemas.topics import ensure_topics
-from sinks.checkpoint import Policy
-from sinks.clickhouse import migrate, open_store
-from sinks.sink import drain
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.checkpoint import Policy
+from rlpulse.sinks.clickhouse import migrate, open_store
+from rlpulse.sinks.sink import drain
 
 
 def span_records(run: int, first_seq: int, count: int, now_ns: int) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from schemas.catalogue import run_key
+from rlpulse.schemas.catalogue import run_key
 
 OUTCOMES = ("ok", "timeout", "unavailable", "unreadable", "ungradable")
 CAUSES = OUTCOMES[1:]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from producers.telemetry import TrainingTelemetry
+from rlpulse.producers.telemetry import TrainingTelemetry
 
 
 class AsyncTrainingTelemetry:

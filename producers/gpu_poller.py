@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from producers.sender import Outgoing, Sender
-from rlpulse.settings import Settings
+from rlpulse.producers.sender import Outgoing, Sender
+from rlpulse.schemas.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 if TYPE_CHECKING:
-    from producers.telemetry import TrainingTelemetry
+    from rlpulse.producers.telemetry import TrainingTelemetry
 
 log = logging.getLogger(__name__)
 

@@ -31,12 +31,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from producers import process
-from producers.events import Check, check_fields, queued_bytes, record_checks
-from producers.queue import UNSEQUENCED, Channel, EventQueue
-from producers.transport import BATCH_RECORDS, MAX_MESSAGE_BYTES, Container, KafkaTransport
-from rlpulse.settings import Settings
-from schemas.codec import Codec
+from rlpulse.producers import process
+from rlpulse.producers.events import Check, check_fields, queued_bytes, record_checks
+from rlpulse.producers.queue import UNSEQUENCED, Channel, EventQueue
+from rlpulse.producers.transport import BATCH_RECORDS, MAX_MESSAGE_BYTES, Container, KafkaTransport
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec
 
 log = logging.getLogger(__name__)
 

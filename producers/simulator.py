@@ -14,10 +14,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from producers.events import FAILURE_CAUSES
-from producers.records import span_id, trace_id
-from producers.telemetry import TrainingTelemetry
-from rlpulse.settings import Settings
+from rlpulse.producers.events import FAILURE_CAUSES
+from rlpulse.producers.records import span_id, trace_id
+from rlpulse.producers.telemetry import TrainingTelemetry
+from rlpulse.schemas.settings import Settings
 
 MAX_TOKENS = 1024
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from producers import events as v
+from rlpulse.producers import events as v
 
 SPAN_KINDS = ("ROLLOUT", "REWARD", "LLM", "TOOL", "GRADER", "ANNOTATION", "CUSTOM")
 # Encoded bytes of a span's fixed fields (ids, times, numbers, enum and union indexes), for

@@ -13,19 +13,19 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from producers import events as v
-from producers import process
-from producers.queue import (DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_QUEUED_BYTES, ROLLOUT_QUEUED_BYTES, SPANS,
+from rlpulse.producers import events as v
+from rlpulse.producers import process
+from rlpulse.producers.queue import (DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_QUEUED_BYTES, ROLLOUT_QUEUED_BYTES, SPANS,
                              STEP_QUEUED_BYTES, STEPS, Channel)
-from producers.records import SPAN_NULLS, Records
-from producers.sender import DEFAULT_BUFFER_BYTES, Outgoing, Sender, SenderConfig
-from producers.span_fields import SPAN_ENCODED_BYTES, span_fields
-from rlpulse.settings import Settings
-from schemas.catalogue import run_key
+from rlpulse.producers.records import SPAN_NULLS, Records
+from rlpulse.producers.sender import DEFAULT_BUFFER_BYTES, Outgoing, Sender, SenderConfig
+from rlpulse.producers.span_fields import SPAN_ENCODED_BYTES, span_fields
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import run_key
 
 if TYPE_CHECKING:
-    from producers.aio import AsyncTrainingTelemetry
-    from producers.otel import RlpulseSpanExporter
+    from rlpulse.producers.aio import AsyncTrainingTelemetry
+    from rlpulse.producers.otel import RlpulseSpanExporter
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class TrainingTelemetry:
     @property
     def aio(self) -> "AsyncTrainingTelemetry":
         """The asyncio face of this object, sharing its sender."""
-        from producers.aio import AsyncTrainingTelemetry
+        from rlpulse.producers.aio import AsyncTrainingTelemetry
 
         return AsyncTrainingTelemetry(telemetry=self)
 
@@ -301,7 +301,7 @@ class TrainingTelemetry:
 
     def span_exporter(self) -> "RlpulseSpanExporter":
         """An OpenTelemetry SpanExporter publishing the job's own spans (see ``producers.otel``)."""
-        from producers.otel import RlpulseSpanExporter
+        from rlpulse.producers.otel import RlpulseSpanExporter
 
         return RlpulseSpanExporter(self)
 

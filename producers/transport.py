@@ -18,12 +18,12 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (InvalidProducerIdMapping, MessageSizeTooLargeError, OutOfOrderSequenceNumber,
                              RecordTooLargeError, UnknownProducerId)
 
-from producers.queue import Item
-from rlpulse.settings import Settings
-from schemas.catalogue import RAW_TOPICS
-from schemas.codec import Codec
-from schemas.kafka_check import connection_problem, scrub
-from schemas.topics import ensure_topics_async
+from rlpulse.producers.queue import Item
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import RAW_TOPICS
+from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.kafka_check import connection_problem, scrub
+from rlpulse.schemas.topics import ensure_topics_async
 
 log = logging.getLogger(__name__)
 

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Whatever this process and its children create (the chDB store's files, which chDB makes
     # itself; the broker's data; logs; an HTML page of a run) is readable by its owner only.
-    from rlpulse.settings import PRIVATE_UMASK
+    from rlpulse.schemas.settings import PRIVATE_UMASK
 
     os.umask(PRIVATE_UMASK)
     logging.basicConfig(
@@ -227,7 +227,7 @@ def _known_failure(exc: Exception, args: argparse.Namespace) -> str | None:
         return (f"lost the Kafka broker at {bootstrap} ({exc}). Check it with `rlpulse services status`; "
                 "start the local one with `rlpulse services up`")
     if kind.startswith(("clickhouse_connect", "chdb")):
-        from sinks.queries import _one_line
+        from rlpulse.sinks.queries import _one_line
 
         return f"ClickHouse failed: {_one_line(exc, limit=300)}"
     if isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)) or (

@@ -22,14 +22,14 @@ from pathlib import Path
 from rlpulse import kafka_jvm, services
 from rlpulse.kafka_jvm import ServicesError, say as _say
 from rlpulse.progress import Ticker
-from rlpulse.settings import Settings
+from rlpulse.schemas.settings import Settings
 
 START_TIMEOUT = 120.0  # several JVMs starting at once on a small machine, then electing a controller
 
 
 def replication(size: int) -> tuple[int, int]:
     """(replication factor, min.insync.replicas) of a ``size``-node cluster: the pipeline's topics' rule."""
-    from schemas.topics import replication_for
+    from rlpulse.schemas.topics import replication_for
 
     return replication_for(size)
 

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from rlpulse.settings import Settings
+from rlpulse.schemas.settings import Settings
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -27,7 +27,7 @@ def cmd_services(args: argparse.Namespace) -> int:
 
 
 def cmd_streams(args: argparse.Namespace) -> int:
-    from streams.app import run_worker
+    from rlpulse.streams.app import run_worker
 
     settings = settings_of(args)
     run_worker(settings, loglevel="DEBUG" if args.verbose else "INFO")
@@ -37,10 +37,10 @@ def cmd_streams(args: argparse.Namespace) -> int:
 def cmd_sink(args: argparse.Namespace) -> int:
     import asyncio
 
-    from schemas.topics import ensure_topics
-    from sinks.clickhouse import migrate, open_store
-    from sinks.read_endpoint import serve_reads
-    from sinks.sink import serve
+    from rlpulse.schemas.topics import ensure_topics
+    from rlpulse.sinks.clickhouse import migrate, open_store
+    from rlpulse.sinks.read_endpoint import serve_reads
+    from rlpulse.sinks.sink import serve
 
     settings = settings_of(args)
     ensure_topics(settings)
@@ -52,12 +52,12 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from sinks.clickhouse import migrate, open_store
+    from rlpulse.sinks.clickhouse import migrate, open_store
 
     settings = settings_of(args)
     cluster = settings.clickhouse_cluster
     if args.kafka_engine:
-        from sinks.kafka_engine import refuse_chdb
+        from rlpulse.sinks.kafka_engine import refuse_chdb
 
         refuse_chdb(settings.clickhouse_dsn)
     with open_store(settings.clickhouse_dsn, owner="rlpulse migrate") as store:
@@ -65,8 +65,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         where = f"database {store.database}" + (f" on cluster {cluster}" if cluster else "")
         print(f"{store.url}: {where}: " + (f"applied {', '.join(applied)}" if applied else "up to date"))
         if args.kafka_engine:
-            from sinks import kafka_engine
-            from sinks.clickhouse import table_columns
+            from rlpulse.sinks import kafka_engine
+            from rlpulse.sinks.clickhouse import table_columns
 
             engine = kafka_engine.KafkaEngine(args.kafka_engine_brokers or settings.kafka_bootstrap, settings.topic_prefix,
                                               args.kafka_engine_consumers)
@@ -80,8 +80,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from sinks import queries
-    from sinks.clickhouse import open_reader
+    from rlpulse.sinks import queries
+    from rlpulse.sinks.clickhouse import open_reader
 
     if args.list:
         if args.sql or args.saved:
@@ -109,7 +109,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             return 1
         except queries.QueryError as exc:
             if exc.code == "UNKNOWN_DATABASE":
-                from sinks.clickhouse import require_database
+                from rlpulse.sinks.clickhouse import require_database
 
                 require_database(store)  # an empty store: say so, and what fills it
             print(f"rlpulse query: ClickHouse refused the query: {exc}", file=sys.stderr)
@@ -121,8 +121,8 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     import json
 
-    from producers.simulator import SimConfig, simulate
-    from schemas.topics import ensure_topics
+    from rlpulse.producers.simulator import SimConfig, simulate
+    from rlpulse.schemas.topics import ensure_topics
 
     settings = settings_of(args)
     ensure_topics(settings)
@@ -145,7 +145,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from rlpulse import services
     from rlpulse.pipeline import STREAMS_TOPICS, existing_groups, partition_lag
-    from schemas.catalogue import RAW_TOPICS, sink_topics
+    from rlpulse.schemas.catalogue import RAW_TOPICS, sink_topics
 
     settings = settings_of(args)
     code = services.main(settings, "status")
@@ -179,9 +179,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_dlq(args: argparse.Namespace) -> int:
     import asyncio
 
-    from schemas.catalogue import DLQ_TOPIC
-    from sinks.dlq import LEDGER_TOPIC, read_dead_letters, replay_dead_letters
-    from sinks.report import print_table
+    from rlpulse.schemas.catalogue import DLQ_TOPIC
+    from rlpulse.sinks.dlq import LEDGER_TOPIC, read_dead_letters, replay_dead_letters
+    from rlpulse.sinks.report import print_table
 
     settings = settings_of(args)
     if args.action == "replay":
@@ -202,9 +202,9 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 def cmd_alerts(args: argparse.Namespace) -> int:
     import asyncio
 
-    from sinks.alert_feed import serve_alerts
+    from rlpulse.sinks.alert_feed import serve_alerts
 
-    from rlpulse.settings import parse_duration
+    from rlpulse.schemas.settings import parse_duration
 
     settings = settings_of(args)
     # The URL carries its token (Slack, Teams): from the environment it stays out of `ps`.
@@ -215,8 +215,8 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def cmd_gpu_poller(args: argparse.Namespace) -> int:
-    from producers.gpu_poller import main as poll
-    from rlpulse.settings import parse_duration
+    from rlpulse.producers.gpu_poller import main as poll
+    from rlpulse.schemas.settings import parse_duration
 
     indices = [int(i) for i in args.gpus.split(",")] if args.gpus else None
     return poll(settings_of(args), indices=indices, sample_interval=parse_duration(args.sample_interval),
@@ -225,8 +225,8 @@ def cmd_gpu_poller(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sinks.clickhouse import open_reader
-    from sinks.report import print_report
+    from rlpulse.sinks.clickhouse import open_reader
+    from rlpulse.sinks.report import print_report
 
     if bool(args.html) != bool(args.run):
         raise ValueError("RUN and --html go together: rlpulse report RUN --html out.html")
@@ -239,7 +239,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     with open_reader(settings.clickhouse_dsn, owner="rlpulse report") as store:
         _require_rows(store, args.run if args.html else None, args.project)
         if args.html:
-            from sinks.html_report import write_report
+            from rlpulse.sinks.html_report import write_report
 
             out = write_report(store, args.run, args.html, attempt=args.attempt, step=args.step, sample=args.sample)
             print(f"wrote {out}")
@@ -250,9 +250,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _require_rows(store, run: str | None, project: str | None) -> None:
     """NoDataError, naming what there is instead, when the store is empty or has no rows of ``run``/``project``."""
-    from sinks.clickhouse import NoDataError, no_data, require_database
-    from sinks.html_report import latest_attempt
-    from sinks.report import has_rows, latest_names, stored_rows
+    from rlpulse.sinks.clickhouse import NoDataError, no_data, require_database
+    from rlpulse.sinks.html_report import latest_attempt
+    from rlpulse.sinks.report import has_rows, latest_names, stored_rows
 
     require_database(store)
     if not stored_rows(store):
@@ -265,10 +265,10 @@ def _require_rows(store, run: str | None, project: str | None) -> None:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from sinks.clickhouse import open_reader
-    from sinks.watch import watch
+    from rlpulse.sinks.clickhouse import open_reader
+    from rlpulse.sinks.watch import watch
 
-    from rlpulse.settings import parse_duration
+    from rlpulse.schemas.settings import parse_duration
 
     interval = parse_duration(args.interval)
     if interval <= 0:

@@ -8,8 +8,8 @@ import time
 from rlpulse import services
 from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.progress import Ticker
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
 
 # Short windows so the demo's windows close (by wall clock) within seconds.
 DEMO_WINDOW_S = 5.0
@@ -22,9 +22,9 @@ def _say(line: str) -> None:
 
 
 def run_demo(settings: Settings) -> int:
-    from producers.simulator import SimConfig, simulate
-    from sinks.clickhouse import open_store
-    from sinks.report import failures_by_cause, print_report
+    from rlpulse.producers.simulator import SimConfig, simulate
+    from rlpulse.sinks.clickhouse import open_store
+    from rlpulse.sinks.report import failures_by_cause, print_report
 
     settings = dataclasses.replace(settings, window=DEMO_WINDOW_S, allowed_lateness=DEMO_LATENESS_S,
                                    stall_after=DEMO_STALL_AFTER_S, silent_after=30.0, heartbeat_interval=1.0)

@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from rlpulse.settings import PRIVATE_UMASK, private_file
+from rlpulse.schemas.files import PRIVATE_UMASK, private_file
 
 STOP_TIMEOUT = 30.0
 # Per JVM: a cluster's three nodes fit a small machine beside the pipeline.

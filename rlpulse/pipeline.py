@@ -17,10 +17,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import KafkaError
 
-from rlpulse.settings import PRIVATE_UMASK, Settings, private_dir, private_file
-from schemas.topics import topic_partitions
+from rlpulse.schemas.files import PRIVATE_UMASK, private_dir, private_file
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import topic_partitions
 
-from schemas.catalogue import RAW_TOPICS, SINK_TOPICS, sink_topics
+from rlpulse.schemas.catalogue import RAW_TOPICS, SINK_TOPICS, sink_topics
 
 STREAMS_TOPICS = RAW_TOPICS  # the streams' consumer group commits these (ticks are not waited on)
 

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 from rlpulse import services
-from rlpulse.settings import Settings
+from rlpulse.schemas.settings import Settings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,8 @@ from rlpulse.kafka_jvm import stop as _stop
 from rlpulse.kafka_jvm import write_log4j as _write_log4j
 from rlpulse.kafka_jvm import write_private as _write_private
 from rlpulse.progress import Ticker
-from rlpulse.settings import PRIVATE_UMASK, Settings, private_dir
+from rlpulse.schemas.files import PRIVATE_UMASK, private_dir
+from rlpulse.schemas.settings import Settings
 
 if TYPE_CHECKING:
     from rlpulse.secure_broker import TlsListeners
@@ -286,7 +287,7 @@ def _security_kwargs(settings: Settings) -> dict[str, object]:
 def _refused(settings: Settings, timeout: float) -> None:
     """ServicesError, naming what to fix and no secret, when the broker refuses our TLS or SASL
     settings: aiokafka's own clients would only retry, then say they could not bootstrap."""
-    from schemas.kafka_check import check_connection
+    from rlpulse.schemas.kafka_check import check_connection
 
     problem = check_connection(settings, timeout)
     if problem is not None and problem.refused:

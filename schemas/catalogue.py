@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.codec import full_name
+from rlpulse.schemas.codec import full_name
 
 
 @dataclass(frozen=True)

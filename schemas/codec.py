@@ -28,7 +28,7 @@ import fastavro
 from fastavro.schema import to_parsing_canonical_form
 
 try:
-    from schemas._blockdecode import BlockDecodeError, compile_schema, decode_block
+    from rlpulse.schemas._blockdecode import BlockDecodeError, compile_schema, decode_block
 except ImportError:  # the optional extension was not built: fastavro reads everything
     compile_schema = None
 

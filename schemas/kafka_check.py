@@ -16,7 +16,7 @@ from aiokafka.conn import create_conn
 from aiokafka.errors import (KafkaConnectionError, KafkaError, SaslAuthenticationFailed,
                              UnsupportedSaslMechanismError)
 
-from rlpulse.settings import Settings
+from rlpulse.schemas.settings import Settings
 
 CHECK_TIMEOUT_S = 10.0
 

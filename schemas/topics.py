@@ -15,8 +15,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError, for_code
 
-from rlpulse.settings import Settings
-from schemas.catalogue import BY_SHORT, STREAM_TABLES, TOPICS
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import BY_SHORT, STREAM_TABLES, TOPICS
 
 log = logging.getLogger(__name__)
 

@@ -41,10 +41,10 @@ from typing import Any, Awaitable, Callable
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from rlpulse.settings import Settings
-from schemas.codec import Codec, DecodeError
-from schemas.topics import topic_partitions
-from sinks.webhook import Webhook
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec, DecodeError
+from rlpulse.schemas.topics import topic_partitions
+from rlpulse.sinks.webhook import Webhook
 
 log = logging.getLogger(__name__)
 

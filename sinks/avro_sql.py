@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from schemas.codec import full_name, load_schemas
+from rlpulse.schemas.codec import full_name, load_schemas
 
 _PRIMITIVES = {"string": "String", "bytes": "String", "int": "Int32", "long": "Int64", "float": "Float32",
                "double": "Float64", "boolean": "Bool"}

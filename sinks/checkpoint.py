@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
-from sinks.writer import Entry
+from rlpulse.sinks.writer import Entry
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import clickhouse_connect
 
-from rlpulse.settings import private_dir
+from rlpulse.schemas.files import private_dir
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -166,7 +166,7 @@ def open_reader(dsn: str, owner: str = "rlpulse") -> Store:
     try:
         return open_store(dsn, owner=owner)
     except StoreBusyError:
-        from sinks.read_endpoint import find_endpoint
+        from rlpulse.sinks.read_endpoint import find_endpoint
 
         found = find_endpoint(Path(urlsplit(dsn).path))
         if found is None:
@@ -192,7 +192,7 @@ def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365,
     ``remote_servers`` name) runs each statement in its cluster form (``sinks.cluster_ddl``):
     replicated ``<table>_local`` parts and a Distributed table under each table's own name.
     """
-    from sinks import cluster_ddl
+    from rlpulse.sinks import cluster_ddl
 
     db = store.database
     if not _NAME.match(db):
@@ -232,7 +232,7 @@ def migration_statements(path: Path, db: str, ttl_raw_days: int = 90, ttl_aggreg
     statements = _statements(sql.replace("{ttl_aggregate_days}", str(int(ttl_aggregate_days))))
     if not cluster:
         return statements
-    from sinks.cluster_ddl import cluster_statements
+    from rlpulse.sinks.cluster_ddl import cluster_statements
 
     return [out for statement in statements for out in cluster_statements(statement, cluster)]
 

@@ -26,9 +26,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from rlpulse.settings import Settings
-from schemas.catalogue import DLQ_TOPIC
-from schemas.topics import read_topic, replication_for, topic_partitions
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import DLQ_TOPIC
+from rlpulse.schemas.topics import read_topic, replication_for, topic_partitions
 
 REASON = "rlpulse.reason"
 SOURCE_TOPIC = "rlpulse.source.topic"

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from sinks.clickhouse import Store
+from rlpulse.sinks.clickhouse import Store
 
 W, H, HEAT_H = 1000, 260, 400  # chart sizes; the heatmap is taller (15 bucket rows)
 LEFT, RIGHT, TOP, BOTTOM = 70, 190, 40, 50  # margins; the legend lives in the right one
@@ -310,7 +310,7 @@ def render(store: Store, run_id: str, attempt: int | None = None, step: int | No
            sample: str | None = None) -> str:
     """The whole page as a string. ``attempt`` None: the latest attempt that has data (or 0).
     ``step``/``sample``: whose trajectories the page shows (default: see sinks.trajectories.select)."""
-    from sinks import trajectory_html  # it imports this module (esc)
+    from rlpulse.sinks import trajectory_html  # it imports this module (esc)
 
     note = ""
     if attempt is None:

@@ -34,9 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.catalogue import BY_SHORT, RAW_TOPICS, TABLES
-from sinks.avro_sql import _ident, _quote, build_plan, ch_type, reader_schemas
-from sinks.cluster_ddl import check_name
+from rlpulse.schemas.catalogue import BY_SHORT, RAW_TOPICS, TABLES
+from rlpulse.sinks.avro_sql import _ident, _quote, build_plan, ch_type, reader_schemas
+from rlpulse.sinks.cluster_ddl import check_name
 
 ERRORS_TABLE = "kafka_errors"
 
@@ -130,7 +130,7 @@ def statements(db: str, columns: dict[str, dict[str, str]], engine: KafkaEngine,
         raise ValueError("the Kafka engine needs at least one consumer per table")
     on = f" ON CLUSTER {check_name('cluster', cluster)}" if cluster else ""
     if cluster:
-        from sinks.cluster_ddl import cluster_statements
+        from rlpulse.sinks.cluster_ddl import cluster_statements
 
         out = cluster_statements(errors_table_statement(db, ttl_days), cluster)
     else:

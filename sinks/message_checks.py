@@ -12,10 +12,10 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from schemas.catalogue import BY_SHORT, TABLES
-from schemas.codec import DecodeError, blocks, read_header
-from sinks.avro_sql import IncompatibleSchema, Plans
-from sinks.writer import Entry
+from rlpulse.schemas.catalogue import BY_SHORT, TABLES
+from rlpulse.schemas.codec import DecodeError, blocks, read_header
+from rlpulse.sinks.avro_sql import IncompatibleSchema, Plans
+from rlpulse.sinks.writer import Entry
 
 # Container codecs ClickHouse's Avro input reads.
 CODECS = ("null", "deflate", "snappy")

@@ -212,7 +212,7 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "ta
     """Rows as ``table`` (``sinks.report.print_table``'s aligned text), ``csv`` (a header, then rows; NULL
     empty, arrays and maps as JSON, times in ISO 8601) or ``json`` (a list of objects; NaN and inf as null)."""
     if fmt == "table":
-        from sinks.report import print_table
+        from rlpulse.sinks.report import print_table
 
         buf = io.StringIO()
         with redirect_stdout(buf):

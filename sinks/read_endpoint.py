@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple
 from urllib.parse import parse_qsl, urlsplit
 
-from sinks.read_engine import Engine, QueryFailed, ReadLimits
+from rlpulse.sinks.read_engine import Engine, QueryFailed, ReadLimits
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from sinks.clickhouse import Store
+from rlpulse.sinks.clickhouse import Store
 
 EVENT_TABLES = ("spans", "steps", "gpu_samples", "placements", "grader_failures", "step_stats", "reward_histograms",
                 "completion_length_histograms", "alerts")

@@ -29,16 +29,16 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
-from rlpulse.settings import Settings
-from schemas.catalogue import DLQ_TOPIC, sink_topics
-from schemas.codec import DecodeError
-from schemas.topics import topic_partitions
-from sinks.avro_sql import Plans
-from sinks.checkpoint import Checkpoint, Policy
-from sinks.clickhouse import Store, table_columns
-from sinks.dlq import queue_dead_letter, send_dead_letter
-from sinks.message_checks import Limits, check_message
-from sinks.writer import Backoff, Entry, Inserter, TableWriter
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import DLQ_TOPIC, sink_topics
+from rlpulse.schemas.codec import DecodeError
+from rlpulse.schemas.topics import topic_partitions
+from rlpulse.sinks.avro_sql import Plans
+from rlpulse.sinks.checkpoint import Checkpoint, Policy
+from rlpulse.sinks.clickhouse import Store, table_columns
+from rlpulse.sinks.dlq import queue_dead_letter, send_dead_letter
+from rlpulse.sinks.message_checks import Limits, check_message
+from rlpulse.sinks.writer import Backoff, Entry, Inserter, TableWriter
 
 log = logging.getLogger(__name__)
 

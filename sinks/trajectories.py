@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from sinks.clickhouse import Store
+from rlpulse.sinks.clickhouse import Store
 
 SPAN_CAP = 500  # spans drawn per trajectory; more would make a page nobody can scroll
 FETCH_FACTOR = 4  # rows read per trajectory: enough past the cap to link the shown spans' parents

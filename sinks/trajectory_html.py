@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sinks.clickhouse import Store
-from sinks.html_report import esc  # one escaping function for the whole page
-from sinks.trajectories import SAMPLE_LIST_CAP, SPAN_CAP, SpanRow, Trajectory, _label, _n, select
+from rlpulse.sinks.clickhouse import Store
+from rlpulse.sinks.html_report import esc  # one escaping function for the whole page
+from rlpulse.sinks.trajectories import SAMPLE_LIST_CAP, SPAN_CAP, SpanRow, Trajectory, _label, _n, select
 
 OPEN_DEPTH = 3  # tree levels open when the page loads; deeper ones are a click away
 LLM_MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "model")

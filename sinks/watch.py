@@ -39,8 +39,8 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.live import Live
 
-from sinks.clickhouse import Store
-from sinks.watch_view import render  # the layout on the terminal's width
+from rlpulse.sinks.clickhouse import Store
+from rlpulse.sinks.watch_view import render  # the layout on the terminal's width
 
 NS = 1_000_000_000
 RECENT_S = 600.0

@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from sinks.watch import WatchSnapshot
+    from rlpulse.sinks.watch import WatchSnapshot
 
 NS = 1_000_000_000
 STATE_STYLES = {"RUNNING": "green", "STALLED": "bold yellow", "SILENT": "bold red", "ENDED": "dim"}

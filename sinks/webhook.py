@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 # The feed's logger name, as before this client had a module of its own: log lines and their
 # filters stay the same.
-log = logging.getLogger("sinks.alert_feed")
+log = logging.getLogger("rlpulse.sinks.alert_feed")
 
 
 def alert_id(alert: dict[str, Any]) -> str:

@@ -39,9 +39,9 @@ from urllib.parse import urlsplit
 
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
 
-from schemas.codec import DecodeError, Header, concat
-from sinks.avro_sql import IncompatibleSchema, InsertPlan, Plans
-from sinks.clickhouse import Store
+from rlpulse.schemas.codec import DecodeError, Header, concat
+from rlpulse.sinks.avro_sql import IncompatibleSchema, InsertPlan, Plans
+from rlpulse.sinks.clickhouse import Store
 
 log = logging.getLogger(__name__)
 

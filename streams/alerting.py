@@ -18,7 +18,7 @@ import json
 import time
 from typing import Any, MutableMapping
 
-from rlpulse.settings import AlertThresholds
+from rlpulse.schemas.settings import AlertThresholds
 
 NS = 1_000_000_000
 SLOWDOWN_BIT = 0x8  # NVML clocks event reason: hardware slowdown (seed 001, "GPU health")

@@ -27,13 +27,14 @@ from typing import Any, Callable
 import faust
 from faust.types import TP
 
-from rlpulse.settings import Settings, private_dir
-from schemas.catalogue import DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
-from schemas.codec import Codec
-from streams.commits import DropFault, ProcessedOffsets, TickWatch
-from streams.inputs import Inputs, read_range
-from streams.runs import Output, RunConfig, RunProcessor
-from streams.stage import HardwareStage, RunStage
+from rlpulse.schemas.files import private_dir
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
+from rlpulse.schemas.codec import Codec
+from rlpulse.streams.commits import DropFault, ProcessedOffsets, TickWatch
+from rlpulse.streams.inputs import Inputs, read_range
+from rlpulse.streams.runs import Output, RunConfig, RunProcessor
+from rlpulse.streams.stage import HardwareStage, RunStage
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
     the broker, say) end the worker with a message naming them, instead of Faust restarting its
     agents forever on ``PartitionsMismatch``.
     """
-    from schemas.topics import PartitionMismatch, check_copartitioned, ensure_topics
+    from rlpulse.schemas.topics import PartitionMismatch, check_copartitioned, ensure_topics
 
     ensure_topics(settings)
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from streams.histograms import REWARD_BOUNDS, ExpHistogram, RewardHistogram
+from rlpulse.streams.histograms import REWARD_BOUNDS, ExpHistogram, RewardHistogram
 
 NS = 1_000_000_000
 CAUSES = ("timeout", "unavailable", "unreadable", "ungradable")  # grader failure causes (seed 001)

@@ -12,9 +12,9 @@ import asyncio
 import logging
 from typing import Any
 
-from schemas.catalogue import BY_SHORT
-from schemas.codec import Codec, DecodeError
-from streams.runs import SPAN_FIELDS
+from rlpulse.schemas.catalogue import BY_SHORT
+from rlpulse.schemas.codec import Codec, DecodeError
+from rlpulse.streams.runs import SPAN_FIELDS
 
 log = logging.getLogger(__name__)
 

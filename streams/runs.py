@@ -32,11 +32,11 @@ import dataclasses
 import logging
 from typing import Any, NamedTuple
 
-from rlpulse.settings import AlertThresholds
-from streams.alerting import AlertBook, forget_run, grader_failure_rate, step_rules
-from streams.figures import MAX_NAME, MAX_TERMS, NS, GraderWindow, StepFigures
-from streams.stall import StallDetector
-from streams.state import Run
+from rlpulse.schemas.settings import AlertThresholds
+from rlpulse.streams.alerting import AlertBook, forget_run, grader_failure_rate, step_rules
+from rlpulse.streams.figures import MAX_NAME, MAX_TERMS, NS, GraderWindow, StepFigures
+from rlpulse.streams.stall import StallDetector
+from rlpulse.streams.state import Run
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ import logging
 from collections import defaultdict
 from typing import Any, MutableMapping
 
-from rlpulse.settings import AlertThresholds
-from schemas.catalogue import run_key
-from streams.alerting import AlertBook, hardware, hardware_tick
-from streams.runs import Output, Run, RunProcessor, often
+from rlpulse.schemas.settings import AlertThresholds
+from rlpulse.schemas.catalogue import run_key
+from rlpulse.streams.alerting import AlertBook, hardware, hardware_tick
+from rlpulse.streams.runs import Output, Run, RunProcessor, often
 
 log = logging.getLogger(__name__)
 

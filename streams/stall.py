@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, MutableMapping
 
-from streams.alerting import SEVERITY, AlertBook
+from rlpulse.streams.alerting import SEVERITY, AlertBook
 
 NS = 1_000_000_000
 MAX_RUNS = 10_000

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streams.figures import GraderWindow, StepFigures
+from rlpulse.streams.figures import GraderWindow, StepFigures
 
 
 class Run:

@@ -17,8 +17,8 @@ import copy
 import json
 from typing import Any
 
-from streams.runs import Output, RunConfig, RunProcessor
-from streams.stage import RunStage
+from rlpulse.streams.runs import Output, RunConfig, RunProcessor
+from rlpulse.streams.stage import RunStage
 
 NS = 1_000_000_000
 

@@ -23,8 +23,8 @@ from typing import Callable, Iterator
 import pytest
 
 from rlpulse import cluster, services
-from rlpulse.settings import Settings
-from schemas.catalogue import SINK_TOPICS
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import SINK_TOPICS
 
 
 def _docker_answers() -> str | None:
@@ -90,7 +90,7 @@ def artifacts_dir(request) -> Path:
 async def _commit_zero(settings: Settings, group: str, shorts: tuple[str, ...]) -> None:
     from aiokafka import AIOKafkaConsumer
 
-    from schemas.topics import topic_partitions
+    from rlpulse.schemas.topics import topic_partitions
 
     consumer = AIOKafkaConsumer(group_id=group, enable_auto_commit=False, **settings.kafka_client_kwargs())
     await consumer.start()

@@ -19,10 +19,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from rlpulse.pipeline import settings_env
-from rlpulse.settings import Settings
-from schemas.codec import Codec
-from schemas.topics import ensure_topics
-from sinks.webhook import alert_id
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.webhook import alert_id
 
 pytestmark = pytest.mark.integration
 TOKEN = "T0AAA/B0BBB/xoxb-s3cr3t-t0ken"  # a Slack-style token in the URL path

@@ -22,14 +22,14 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from producers import TrainingTelemetry
+from rlpulse.producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, lag, settings_env
-from rlpulse.settings import Settings
-from schemas.catalogue import RAW_TOPICS, run_key
-from schemas.codec import Codec
-from schemas.topics import ensure_topics, read_topic
-from sinks.clickhouse import open_store
-from streams.histograms import reward_bucket
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import RAW_TOPICS, run_key
+from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.topics import ensure_topics, read_topic
+from rlpulse.sinks.clickhouse import open_store
+from rlpulse.streams.histograms import reward_bucket
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rlpulse.settings import Settings
-from sinks.clickhouse import migrate, open_store
+from rlpulse.schemas.settings import Settings
+from rlpulse.sinks.clickhouse import migrate, open_store
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

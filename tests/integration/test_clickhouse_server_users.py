@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from sinks.clickhouse import MIGRATIONS, migrate, open_store
+from rlpulse.sinks.clickhouse import MIGRATIONS, migrate, open_store
 from tests.clickhouse_users import CONFIG_FILE, READER, SINK, USERS_FILE
 from tests.integration.conftest import _docker_answers
 

@@ -15,10 +15,10 @@ import sys
 import pytest
 
 from rlpulse.pipeline import settings_env
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics, read_topic
-from sinks.dlq import REPLAY_OF, replay_group
-from sinks.sink import Limits
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics, read_topic
+from rlpulse.sinks.dlq import REPLAY_OF, replay_group
+from rlpulse.sinks.sink import Limits
 # Siblings by their own names: pytest puts tests/integration on sys.path (no __init__.py there).
 from test_sink_avro import CODEC, PROJECT, RUN, publish, run_sink, span, step
 from test_sink_faults import offsets, plain_counts

@@ -17,11 +17,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from producers.simulator import SimConfig, simulate
+from rlpulse.producers.simulator import SimConfig, simulate
 from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
-from sinks.read_endpoint import ENDPOINT_FILE
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.read_endpoint import ENDPOINT_FILE
 
 pytestmark = pytest.mark.integration
 NS = 1_000_000_000

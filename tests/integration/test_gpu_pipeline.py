@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from producers.gpu_poller import GpuPoller, Placement
-from producers.sender import Sender
+from rlpulse.producers.gpu_poller import GpuPoller, Placement
+from rlpulse.producers.sender import Sender
 from rlpulse.pipeline import Pipeline, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
-from sinks.clickhouse import open_store
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.clickhouse import open_store
 from tests.fake_nvml import FakeNvml
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sinks.clickhouse import migrate, open_store
+from rlpulse.sinks.clickhouse import migrate, open_store
 
 pytestmark = pytest.mark.integration
 
@@ -198,7 +198,7 @@ def test_text_report_still_works(tmp_path: Path) -> None:
 
 
 def test_empty_run_renders_no_data_notes(tmp_path: Path) -> None:
-    from sinks.html_report import render
+    from rlpulse.sinks.html_report import render
 
     with open_store(f"chdb://{tmp_path / 'ch'}", owner="test") as store:
         migrate(store)

@@ -24,8 +24,8 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 
 from rlpulse.pipeline import Pipeline, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
 from tests.integration.workload import (JUDGE_FAILURE, NS, Job, assert_figures_equal, check_delivery,
                                         emitted_more_than_once, end_offsets, expected, read_figures, run_for,
                                         stop_jobs, wait_committed_past)

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from producers.simulator import SimConfig, simulate
+from rlpulse.producers.simulator import SimConfig, simulate
 from rlpulse.pipeline import Pipeline
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = ("spans", "steps", "gpu_samples", "placements")
@@ -37,8 +37,8 @@ TABLES = ("spans", "steps", "gpu_samples", "placements")
 SCRIPT = textwrap.dedent("""
     import json, sys, time
     import clickhouse_connect
-    from sinks import kafka_engine
-    from sinks.clickhouse import Store, migrate, table_columns
+    from rlpulse.sinks import kafka_engine
+    from rlpulse.sinks.clickhouse import Store, migrate, table_columns
     store_dir, mode, prefix, bootstrap, expected, timeout = sys.argv[1:7]
     expected, timeout = json.loads(expected), float(timeout)
     client = clickhouse_connect.get_client(dsn=f"chdb://{store_dir}")

@@ -35,11 +35,11 @@ from typing import Iterator
 import pytest
 
 from bench import kafka_perf
-from producers import TrainingTelemetry
+from rlpulse.producers import TrainingTelemetry
 from rlpulse import secure_broker, services
 from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
-from rlpulse.settings import AlertThresholds, Settings
-from schemas.topics import ensure_topics
+from rlpulse.schemas.settings import AlertThresholds, Settings
+from rlpulse.schemas.topics import ensure_topics
 from tests.kafka_tls import Certificates, make_certificates
 from tests.integration.test_pipeline import expected_failures, publish_workload, snapshot, window_close_ns
 
@@ -187,7 +187,7 @@ def test_a_wrong_password_fails_each_client_fast_in_one_line(broker: SecureBroke
     assert time.monotonic() - started < 30
     assert tel.kafka_refused is not None and refused in tel.kafka_refused
     assert tel.close(1) == 3  # and RUN_END
-    said = [r.getMessage() for r in caplog.records if r.name == "producers.transport" and r.levelno == logging.ERROR]
+    said = [r.getMessage() for r in caplog.records if r.name == "rlpulse.producers.transport" and r.levelno == logging.ERROR]
     assert len(said) == 1 and refused in said[0] and "events wait in the buffer" in said[0]
     broker.assert_no_secret("".join(outputs) + caplog.text)
 
@@ -204,7 +204,7 @@ def test_mtls_the_sdk_and_the_sink_with_a_client_certificate_and_without(broker:
         pipeline.start(("sink",))
         pipeline.wait_caught_up(0)
         pipeline.stop()
-    with __import__("sinks.clickhouse", fromlist=["open_store"]).open_store(settings.clickhouse_dsn, owner="test") as store:
+    with __import__("rlpulse.sinks.clickhouse", fromlist=["open_store"]).open_store(settings.clickhouse_dsn, owner="test") as store:
         steps = store.client.query(f"SELECT type FROM {store.database}.steps FINAL WHERE run_id = 'mtls' "
                                    "ORDER BY time_ns").result_rows
     assert steps == [("RUN_START",), ("STEP",), ("RUN_END",)]

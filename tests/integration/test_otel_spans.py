@@ -7,11 +7,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
-from producers import TrainingTelemetry
+from rlpulse.producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
-from sinks.clickhouse import open_store
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.clickhouse import open_store
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,11 @@ import time
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from producers import TrainingTelemetry
+from rlpulse.producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics, read_topic
-from sinks.clickhouse import open_store
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics, read_topic
+from rlpulse.sinks.clickhouse import open_store
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from sinks.clickhouse import migrate, open_store
-from streams.histograms import REWARD_BOUNDS, RewardHistogram
+from rlpulse.sinks.clickhouse import migrate, open_store
+from rlpulse.streams.histograms import REWARD_BOUNDS, RewardHistogram
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

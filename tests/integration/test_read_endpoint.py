@@ -25,11 +25,11 @@ import clickhouse_connect
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from producers import TrainingTelemetry
+from rlpulse.producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
-from sinks.read_endpoint import ENDPOINT_FILE
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.read_endpoint import ENDPOINT_FILE
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

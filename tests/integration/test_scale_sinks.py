@@ -32,10 +32,10 @@ import pytest
 from aiokafka import TopicPartition
 
 from rlpulse.pipeline import Pipeline, offsets, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.codec import Codec
-from schemas.topics import ensure_topics, read_topic
-from sinks.clickhouse import open_store
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.topics import ensure_topics, read_topic
+from rlpulse.sinks.clickhouse import open_store
 from tests.integration.workload import (NS, PROJECT, RAW, Job, assert_figures_equal, expected, indices_by_partition,
                                         read_figures, run_for, stop_jobs)
 

@@ -32,8 +32,8 @@ from collections import Counter
 import pytest
 
 from rlpulse.pipeline import Pipeline, members, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
 from tests.integration.workload import (NS, PROJECT, Job, alerts_published, assert_figures_equal, check_delivery,
                                         emitted_more_than_once, end_offsets, expected, indices_by_partition, partitions_of_runs,
                                         read_figures, run_for, sequence_gaps, stop_jobs, wait_committed_past)

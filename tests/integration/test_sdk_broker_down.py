@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from producers import TrainingTelemetry
+from rlpulse.producers import TrainingTelemetry
 from rlpulse import services
-from rlpulse.settings import Settings
-from schemas.codec import Codec
-from schemas.topics import read_topic
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.topics import read_topic
 
 pytestmark = [
     pytest.mark.integration,

@@ -23,11 +23,11 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from producers import TrainingTelemetry
-from producers.sender import SenderConfig
-from rlpulse.settings import Settings
-from schemas.codec import Codec
-from schemas.topics import read_topic
+from rlpulse.producers import TrainingTelemetry
+from rlpulse.producers.sender import SenderConfig
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.topics import read_topic
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,8 +57,8 @@ def child_env(settings: Settings, **extra: str) -> dict[str, str]:
 EXITING_JOB = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-from producers import TrainingTelemetry
-from producers.sender import SenderConfig
+from rlpulse.producers import TrainingTelemetry
+from rlpulse.producers.sender import SenderConfig
 n, exit_timeout = int(sys.argv[1]), float(sys.argv[2])
 tel = TrainingTelemetry(project="p", run_id="exits", sender_config=SenderConfig(exit_timeout_s=exit_timeout))
 tel.start()
@@ -298,7 +298,7 @@ TRACED_JOB = """
 import sys
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from producers import TrainingTelemetry
+from rlpulse.producers import TrainingTelemetry
 with TrainingTelemetry(project="p", run_id="traced") as tel:
     provider = TracerProvider()  # its own atexit hook shuts it down: the processor exports then
     provider.add_span_processor(BatchSpanProcessor(tel.span_exporter(), schedule_delay_millis=600_000))

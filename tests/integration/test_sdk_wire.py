@@ -14,11 +14,11 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from producers import TrainingTelemetry
-from producers.sender import SenderConfig
-from rlpulse.settings import Settings
-from schemas.codec import Codec, record_count
-from schemas.topics import partition_counts_async, read_topic
+from rlpulse.producers import TrainingTelemetry
+from rlpulse.producers.sender import SenderConfig
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec, record_count
+from rlpulse.schemas.topics import partition_counts_async, read_topic
 
 pytestmark = pytest.mark.integration
 PARTITIONS = 3

@@ -24,12 +24,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from producers.simulator import SimConfig, simulate
+from rlpulse.producers.simulator import SimConfig, simulate
 from rlpulse.cli import build_parser
 from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
-from sinks.read_endpoint import ENDPOINT_FILE
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.read_endpoint import ENDPOINT_FILE
 from tests.integration.test_alert_feed import Receiver
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlpulse.pipeline import settings_env
-from rlpulse.settings import Settings
+from rlpulse.schemas.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -17,14 +17,14 @@ import fastavro
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from rlpulse.settings import Settings
-from schemas.catalogue import TABLES
-from schemas.codec import Codec, load_schemas
-from schemas.topics import ensure_topics
-from sinks.checkpoint import Policy
-from sinks.clickhouse import Store, migrate, open_store
-from sinks.dlq import read_dead_letters
-from sinks.sink import Limits, SinkStats, drain
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import TABLES
+from rlpulse.schemas.codec import Codec, load_schemas
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.checkpoint import Policy
+from rlpulse.sinks.clickhouse import Store, migrate, open_store
+from rlpulse.sinks.dlq import read_dead_letters
+from rlpulse.sinks.sink import Limits, SinkStats, drain
 
 pytestmark = pytest.mark.integration
 CODEC = Codec()
@@ -297,10 +297,10 @@ def test_a_retried_insert_carries_the_same_token_and_adds_no_copy(settings: Sett
     """The writer's insert, repeated (a retry after a lost reply), leaves one copy of each row."""
     from types import SimpleNamespace
 
-    from schemas.codec import read_header
-    from sinks.avro_sql import Plans
-    from sinks.clickhouse import table_columns
-    from sinks.writer import Entry, Inserter, TableWriter
+    from rlpulse.schemas.codec import read_header
+    from rlpulse.sinks.avro_sql import Plans
+    from rlpulse.sinks.clickhouse import table_columns
+    from rlpulse.sinks.writer import Entry, Inserter, TableWriter
 
     async def no_dead_letters(msg: Any, reason: str) -> None:
         raise AssertionError(reason)

@@ -24,11 +24,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from rlpulse.pipeline import settings_env
-from rlpulse.settings import Settings
-from schemas.catalogue import SINK_TOPICS, TABLES
-from schemas.topics import ensure_topics, topic_partitions
-from sinks.clickhouse import open_store
-from sinks.dlq import read_dead_letters
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import SINK_TOPICS, TABLES
+from rlpulse.schemas.topics import ensure_topics, topic_partitions
+from rlpulse.sinks.clickhouse import open_store
+from rlpulse.sinks.dlq import read_dead_letters
 # The sibling module by its own name: pytest puts tests/integration on sys.path (no __init__.py there).
 from test_sink_avro import (CODEC, NOW, PROJECT, RUN, TOPIC_OF, counts, ident, publish, rows, run_sink,
                             samples, span, step)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from rlpulse.settings import Settings
-from schemas.catalogue import TABLES
-from schemas.topics import ensure_topics
-from sinks.clickhouse import migrate, open_store
-from sinks.sink import drain
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import TABLES
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.clickhouse import migrate, open_store
+from rlpulse.sinks.sink import drain
 # Siblings by their own names: pytest puts tests/integration on sys.path (no __init__.py there).
 from test_sink_avro import CODEC, PROJECT, publish, span, step
 from test_sink_faults import dead_letter_count, offsets, plain_counts, start_sink, stop_sink, wait_committed

@@ -16,11 +16,11 @@ import time
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from producers.simulator import SimConfig, simulate
+from rlpulse.producers.simulator import SimConfig, simulate
 from rlpulse.pipeline import STREAMS_TOPICS, Pipeline, settings_env, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.catalogue import SINK_TOPICS
-from schemas.topics import ensure_topics
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import SINK_TOPICS
+from rlpulse.schemas.topics import ensure_topics
 
 LINE = re.compile(r"^  (\S+)\[(\d+)\]\s+(\d+) /\s+(\d+) = (\d+)$")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sinks.clickhouse import mask_url, migrate, open_store
+from rlpulse.sinks.clickhouse import mask_url, migrate, open_store
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -25,13 +25,13 @@ import fastavro
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from producers import TrainingTelemetry
+from rlpulse.producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, lag, settings_env, wait_groups_ready
-from rlpulse.settings import AlertThresholds, Settings
-from schemas.topics import ensure_topics
-from schemas.codec import Codec, load_schemas
-from sinks.clickhouse import open_store
-from streams.histograms import reward_bucket
+from rlpulse.schemas.settings import AlertThresholds, Settings
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.schemas.codec import Codec, load_schemas
+from rlpulse.sinks.clickhouse import open_store
+from rlpulse.streams.histograms import reward_bucket
 
 pytestmark = pytest.mark.integration
 
@@ -94,8 +94,8 @@ def start_dying_job(settings: Settings) -> subprocess.Popen:
     """A job that completes a step and then hangs; the test kills it with SIGKILL (no RUN_END)."""
     code = textwrap.dedent("""
         import sys, time
-        from producers import TrainingTelemetry
-        from rlpulse.settings import Settings
+        from rlpulse.producers import TrainingTelemetry
+        from rlpulse.schemas.settings import Settings
         tel = TrainingTelemetry(project="st", run_id="dies", attempt=1, settings=Settings.load())
         tel.start()
         tel.rollout(step=0, rollout_id="d0", reward=0.5, completion_tokens=10, max_tokens=1000)

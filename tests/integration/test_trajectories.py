@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from producers.simulator import SimConfig, simulate
+from rlpulse.producers.simulator import SimConfig, simulate
 from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
-from sinks.clickhouse import migrate, open_store
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.clickhouse import migrate, open_store
 
 pytestmark = pytest.mark.integration
 
@@ -281,7 +281,7 @@ def test_bad_step_or_sample_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_no_sample_ids_no_rollouts_and_the_cap(tmp_path: Path) -> None:
-    from sinks.trajectory_html import render_section
+    from rlpulse.sinks.trajectory_html import render_section
 
     store_url = f"chdb://{tmp_path / 'ch'}"
     _seed(store_url)

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from producers.simulator import SimConfig, simulate
+from rlpulse.producers.simulator import SimConfig, simulate
 from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
-from rlpulse.settings import Settings
-from schemas.topics import ensure_topics
-from sinks.clickhouse import StoreBusyError, migrate, open_reader, open_store
-from sinks.watch import WatchSnapshot, render, snapshot
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.clickhouse import StoreBusyError, migrate, open_reader, open_store
+from rlpulse.sinks.watch import WatchSnapshot, render, snapshot
 
 pytestmark = pytest.mark.integration
 

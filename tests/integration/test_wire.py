@@ -11,8 +11,8 @@ import avro.io
 import avro.schema
 import pytest
 
-from producers import TrainingTelemetry
-from schemas.topics import read_topic
+from rlpulse.producers import TrainingTelemetry
+from rlpulse.schemas.topics import read_topic
 
 pytestmark = pytest.mark.integration
 

@@ -19,14 +19,14 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from producers import TrainingTelemetry
+from rlpulse.producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, offsets
-from rlpulse.settings import Settings
-from schemas.codec import Codec
-from schemas.topics import read_topic
-from sinks.clickhouse import open_store
-from streams.alerting import AlertBook, grader_failure_rate, step_rules
-from streams.histograms import RewardHistogram
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.topics import read_topic
+from rlpulse.sinks.clickhouse import open_store
+from rlpulse.streams.alerting import AlertBook, grader_failure_rate, step_rules
+from rlpulse.streams.histograms import RewardHistogram
 
 NS = 1_000_000_000
 PROJECT = "fault"

@@ -1,8 +1,8 @@
 import json
 from pathlib import Path
 
-from rlpulse.settings import AlertThresholds
-from streams.alerting import AlertBook, grader_failure_rate, hardware, hardware_tick, step_rules
+from rlpulse.schemas.settings import AlertThresholds
+from rlpulse.streams.alerting import AlertBook, grader_failure_rate, hardware, hardware_tick, step_rules
 
 S = 1_000_000_000
 ALERT_FIELDS = [f["name"] for f in json.loads(

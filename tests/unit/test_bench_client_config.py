@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.kafka_perf import PerfError, client_config, client_properties
-from rlpulse.settings import Settings
+from rlpulse.schemas.settings import Settings
 from tests.kafka_tls import make_certificates
 
 # a quote, a backslash, a non-Latin-1 letter and one outside the BMP: each escaped twice (JAAS, then properties)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlpulse import services
-from rlpulse.settings import Settings
+from rlpulse.schemas.settings import Settings
 
 
 @pytest.fixture

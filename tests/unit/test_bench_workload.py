@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from bench.workload import NS, LiveRuns, Message, Truth, WorkloadConfig, messages, span_record, Writer
-from schemas.catalogue import run_key
-from schemas.codec import Codec
+from rlpulse.schemas.catalogue import run_key
+from rlpulse.schemas.codec import Codec
 
 NOW = 1_800_000_000 * NS
 SMALL = WorkloadConfig(project="p", runs=3, steps=5, rollouts=4, terms=("judge", "format"), steps_per_container=2, seed=3)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from sinks.clickhouse import MIGRATIONS, bootstrap_statements, migration_statements
-from sinks.cluster_ddl import top_level_clauses
+from rlpulse.sinks.clickhouse import MIGRATIONS, bootstrap_statements, migration_statements
+from rlpulse.sinks.cluster_ddl import top_level_clauses
 from tests.clickhouse_users import READER, SINK, USERS_FILE, chdb_config, grants, privileges, profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,7 +119,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys, tempfile
     from pathlib import Path
     import clickhouse_connect
-    from sinks.clickhouse import Store, migrate
+    from rlpulse.sinks.clickhouse import Store, migrate
     from tests.clickhouse_users import chdb_config
     user, store_dir, steps = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
     config = chdb_config(user, Path(tempfile.mkdtemp(dir=store_dir.parent)))

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from sinks import queries
-from sinks.clickhouse import MIGRATIONS, migration_statements
-from sinks.cluster_ddl import UnclusteredStatement, bootstrap_statements, cluster_statements, sharding_key
+from rlpulse.sinks import queries
+from rlpulse.sinks.clickhouse import MIGRATIONS, migration_statements
+from rlpulse.sinks.cluster_ddl import UnclusteredStatement, bootstrap_statements, cluster_statements, sharding_key
 
 REPO = Path(__file__).resolve().parents[2]
 DB, CLUSTER = "rlpulse", "rlpulse"

@@ -9,8 +9,8 @@ import os
 import fastavro
 import pytest
 
-import schemas.codec as codec_module
-from schemas.codec import Codec, DecodeError, concat, load_schemas, read_header, record_count
+import rlpulse.schemas.codec as codec_module
+from rlpulse.schemas.codec import Codec, DecodeError, concat, load_schemas, read_header, record_count
 
 STEP = dict(project="p", run_id="r", attempt=1, time_ns=5, type="STEP", trainer="rl", step=3, step_count=4,
             writer_id="w", sequence_id=9)

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import schemas.codec as codec_module
-from schemas.codec import MAGIC, Codec, DecodeError, load_schemas, record_count
-from streams.runs import SPAN_FIELDS
+import rlpulse.schemas.codec as codec_module
+from rlpulse.schemas.codec import MAGIC, Codec, DecodeError, load_schemas, record_count
+from rlpulse.streams.runs import SPAN_FIELDS
 
 PATHS = ["c-extension", "fastavro"]
 # RLPULSE_FUZZ_EXAMPLES: more examples for a longer search than the test suite runs
@@ -177,8 +177,8 @@ def test_a_length_near_2_to_the_63_is_a_decode_error_not_a_segfault(which):
     import textwrap
 
     code = textwrap.dedent(f"""
-        import schemas.codec as codec_module
-        from schemas.codec import Codec, DecodeError, _long_bytes
+        import rlpulse.schemas.codec as codec_module
+        from rlpulse.schemas.codec import Codec, DecodeError, _long_bytes
         if {which!r} == "fastavro":
             codec_module.compile_schema = None
         header = Codec().reader("Step").header

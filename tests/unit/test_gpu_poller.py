@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from producers import gpu_poller
-from producers.gpu_poller import GpuPoller, Placement
-from producers.sender import Outgoing
-from rlpulse.settings import Settings
-from schemas.codec import Codec
+from rlpulse.producers import gpu_poller
+from rlpulse.producers.gpu_poller import GpuPoller, Placement
+from rlpulse.producers.sender import Outgoing
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec
 from tests.fake_nvml import (FakeNvml, NVMLError_FunctionNotFound, NVMLError_GpuIsLost, NVMLError_LibraryNotFound,
                              NVMLError_NotSupported)
 

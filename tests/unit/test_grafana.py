@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from sinks.grafana import DATASOURCE, RUN_IDS_SQL, UnmappedParameterError, dashboard, grafana_interpolate, grafana_sql
-from sinks.queries import list_saved
+from rlpulse.sinks.grafana import DATASOURCE, RUN_IDS_SQL, UnmappedParameterError, dashboard, grafana_interpolate, grafana_sql
+from rlpulse.sinks.queries import list_saved
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED_IN = REPO / "deploy" / "grafana" / "dashboards" / "rlpulse.json"
 PROVISIONING = REPO / "deploy" / "grafana" / "provisioning"
-REGENERATE = "python -m sinks.grafana > deploy/grafana/dashboards/rlpulse.json"
+REGENERATE = "python -m rlpulse.sinks.grafana > deploy/grafana/dashboards/rlpulse.json"
 # The dashboard variables' values for a test (Grafana formats them), and what the ClickHouse plugin
 # puts in place of its macros.
 TEST_VALUES = {"run_id": "run-1", "attempt": "1", "rollout_id": "rollout-1"}
@@ -55,7 +55,7 @@ def test_checked_in_dashboard_is_the_generated_one() -> None:
 
 
 def test_main_prints_sorted_indented_json(capsys: pytest.CaptureFixture[str]) -> None:
-    from sinks.grafana import main
+    from rlpulse.sinks.grafana import main
 
     main()
     assert capsys.readouterr().out == json.dumps(dashboard(), indent=2, sort_keys=True) + "\n"
@@ -156,7 +156,7 @@ def test_panel_sql_runs_on_a_migrated_store(tmp_path: Path) -> None:
     queries["variable run_id"] = RUN_IDS_SQL
     script = textwrap.dedent(f"""
         import json, sys
-        from sinks.clickhouse import migrate, open_store
+        from rlpulse.sinks.clickhouse import migrate, open_store
         with open_store(sys.argv[1], owner="test") as store:
             migrate(store)
             for name, sql in json.loads(sys.argv[2]).items():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sinks.grafana import VARIABLE, dashboard, grafana_interpolate
+from rlpulse.sinks.grafana import VARIABLE, dashboard, grafana_interpolate
 from tests.unit.test_grafana import MACROS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,7 +156,7 @@ def test_the_formats_not_used_let_a_value_out(template: str) -> None:
 
 END_TO_END = textwrap.dedent("""
     import json, sys, time
-    from sinks.clickhouse import migrate, open_store
+    from rlpulse.sinks.clickhouse import migrate, open_store
     values, queries = json.loads(sys.argv[2]), json.loads(sys.argv[3])
     now = time.time_ns()
     with open_store(sys.argv[1], owner="test") as store:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from rlpulse.settings import AlertThresholds
-from streams.stage import HardwareStage
+from rlpulse.schemas.settings import AlertThresholds
+from rlpulse.streams.stage import HardwareStage
 
 S = 1_000_000_000
 

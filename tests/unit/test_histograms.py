@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from streams.histograms import REWARD_BOUNDS, ExpHistogram, RewardHistogram, exp_index, reward_bucket
+from rlpulse.streams.histograms import REWARD_BOUNDS, ExpHistogram, RewardHistogram, exp_index, reward_bucket
 
 
 @pytest.mark.parametrize("x, bucket", [

@@ -9,7 +9,7 @@ import pytest
 
 import rlpulse
 from rlpulse.progress import Ticker, elapsed
-from rlpulse.settings import Settings, _default_home, checkout_root
+from rlpulse.schemas.settings import Settings, default_home, checkout_root
 
 
 def _checkout(tmp_path: Path, name: str = "rlpulse", makefile: bool = True) -> Path:
@@ -25,21 +25,21 @@ def _checkout(tmp_path: Path, name: str = "rlpulse", makefile: bool = True) -> P
 def test_a_checkout_keeps_its_home_inside_it(tmp_path: Path) -> None:
     root = _checkout(tmp_path)
     assert checkout_root(root / "rlpulse") == root
-    assert _default_home(root / "rlpulse", env={"XDG_DATA_HOME": "/elsewhere"}) == root / ".rlpulse"
+    assert default_home(root / "rlpulse", env={"XDG_DATA_HOME": "/elsewhere"}) == root / ".rlpulse"
 
 
 @pytest.mark.parametrize("name, makefile", [("rlpulse", False), ("someone-else", True)])
 def test_outside_a_checkout_the_home_is_the_xdg_data_folder(tmp_path: Path, name: str, makefile: bool) -> None:
     root = _checkout(tmp_path, name=name, makefile=makefile)
     assert checkout_root(root / "rlpulse") is None
-    assert _default_home(root / "rlpulse", env={"XDG_DATA_HOME": "/data"}) == Path("/data/rlpulse")
-    assert _default_home(root / "rlpulse", env={}) == Path.home() / ".local" / "share" / "rlpulse"
+    assert default_home(root / "rlpulse", env={"XDG_DATA_HOME": "/data"}) == Path("/data/rlpulse")
+    assert default_home(root / "rlpulse", env={}) == Path.home() / ".local" / "share" / "rlpulse"
 
 
 def test_an_installed_package_has_no_checkout(tmp_path: Path) -> None:
     site = tmp_path / "site-packages"
     (site / "rlpulse").mkdir(parents=True)
-    assert _default_home(site / "rlpulse", env={"XDG_DATA_HOME": str(tmp_path / "xdg")}) == tmp_path / "xdg" / "rlpulse"
+    assert default_home(site / "rlpulse", env={"XDG_DATA_HOME": str(tmp_path / "xdg")}) == tmp_path / "xdg" / "rlpulse"
 
 
 def test_this_checkout_and_the_override() -> None:

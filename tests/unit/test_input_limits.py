@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from producers import TrainingTelemetry
-from rlpulse.settings import Settings
-from streams.runs import RunConfig
-from streams.testing import NS, Harness
+from rlpulse.producers import TrainingTelemetry
+from rlpulse.schemas.settings import Settings
+from rlpulse.streams.runs import RunConfig
+from rlpulse.streams.testing import NS, Harness
 from tests.unit.test_runs import T0, Job
 
 CONFIG = RunConfig(window_s=10, lateness_s=2, idle_s=5, retention_s=30, stall_after_s=900, silent_after_s=300)
@@ -88,7 +88,7 @@ def _window_terms(h: Harness) -> set[str]:
 def test_streams_refuse_a_runs_terms_past_64_and_count_them(caplog):
     h = Harness(CONFIG)
     job = Job()
-    with caplog.at_level(logging.WARNING, logger="streams.runs"):
+    with caplog.at_level(logging.WARNING, logger="rlpulse.streams.runs"):
         h.feed("spans", [job.grader(1.0, term=f"t{i}") for i in range(64)])
         h.feed("spans", [job.grader(1.5, term=f"x{i}", outcome="timeout") for i in range(100)])
         h.feed("spans", [job.grader(2.0, term="t0", outcome="timeout")])  # a known term goes on being counted
@@ -130,7 +130,7 @@ def test_streams_refuse_new_runs_past_max_runs_until_one_expires(caplog):
 
     h = Harness(dataclasses.replace(CONFIG, max_runs=3))
     jobs = [Job(run_id=f"r{i}") for i in range(5)]
-    with caplog.at_level(logging.ERROR, logger="streams.stage"):
+    with caplog.at_level(logging.ERROR, logger="rlpulse.streams.stage"):
         for job in jobs:
             h.feed("spans", [job.grader(1.0)])
             h.feed("steps", [job.step(1.0, "RUN_START")])

@@ -10,8 +10,8 @@ import pytest
 
 from rlpulse import cluster
 from rlpulse.cli import build_parser
-from rlpulse.settings import Settings
-from schemas.topics import replication_for, topic_specs
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.topics import replication_for, topic_specs
 
 
 def _props(text: str) -> dict[str, str]:

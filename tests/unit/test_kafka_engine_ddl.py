@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from rlpulse.settings import Settings
-from schemas.catalogue import DERIVED_TOPICS, SINK_TOPICS, sink_topics
-from sinks import kafka_engine
-from sinks.avro_sql import build_plan, reader_schemas
-from schemas.codec import full_name
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.catalogue import DERIVED_TOPICS, SINK_TOPICS, sink_topics
+from rlpulse.sinks import kafka_engine
+from rlpulse.sinks.avro_sql import build_plan, reader_schemas
+from rlpulse.schemas.codec import full_name
 from tests.unit.test_cluster_ddl import parse_with_clickhouse
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ ENGINE = kafka_engine.KafkaEngine("kafka:9092", "rlpulse", num_consumers=2)
 COLUMNS = textwrap.dedent("""
     import json, sys, tempfile
     import clickhouse_connect
-    from sinks.clickhouse import Store, migrate, table_columns
+    from rlpulse.sinks.clickhouse import Store, migrate, table_columns
     store = Store(client=clickhouse_connect.get_client(dsn=f"chdb://{tempfile.mkdtemp()}/s"), database="rlpulse", url="")
     migrate(store)
     print(json.dumps(table_columns(store)))

@@ -11,8 +11,8 @@ import faust
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 import pytest
 
-from rlpulse.settings import Settings
-from streams.app import _credentials
+from rlpulse.schemas.settings import Settings
+from rlpulse.streams.app import _credentials
 from tests.kafka_tls import make_certificates
 
 SECRET = "pw-Zq81-never-shown"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlpulse.pipeline import Pipeline
-from rlpulse.settings import Settings
+from rlpulse.schemas.settings import Settings
 
 
 @pytest.mark.parametrize("name", ["worker", "streams2", "streams-", "streams-x", "sink-2-b", "Sink"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streams.commits import ProcessedOffsets
+from rlpulse.streams.commits import ProcessedOffsets
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def test_a_revoked_partition_starts_again_from_the_groups_offset() -> None:
 
 
 def test_a_tick_late_or_after_a_gap_says_the_worker_was_cut_off() -> None:
-    from streams.commits import TickWatch
+    from rlpulse.streams.commits import TickWatch
 
     s = 1_000_000_000
     watch = TickWatch(late_s=5.0)

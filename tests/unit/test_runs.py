@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from streams.runs import RunConfig
-from streams.testing import NS, Harness
+from rlpulse.streams.runs import RunConfig
+from rlpulse.streams.testing import NS, Harness
 
 T0 = 1_700_000_000 * NS  # event times: a fixed epoch, well before the harness clock
 CONFIG = RunConfig(window_s=10, lateness_s=2, idle_s=5, retention_s=30, stall_after_s=900, silent_after_s=300)
@@ -368,8 +368,8 @@ def test_a_poison_rollout_is_skipped_and_logged_without_touching_its_step(caplog
 
 def test_poison_messages_between_good_ones_are_skipped_logged_and_change_no_figure(caplog):
     """As the agents decode: each message through streams.inputs, the good ones into the processor."""
-    from schemas.codec import Codec
-    from streams.inputs import Inputs
+    from rlpulse.schemas.codec import Codec
+    from rlpulse.streams.inputs import Inputs
 
     codec, inputs, h, job = Codec(), Inputs(Codec()), Harness(CONFIG), Job()
     messages, truth = workload(job, steps=3)
@@ -422,7 +422,7 @@ class Consumer:
 def test_a_partition_is_caught_up_once_what_was_waiting_when_it_was_assigned_is_processed():
     from types import SimpleNamespace
 
-    from streams.commits import STUCK_S, ProcessedOffsets
+    from rlpulse.streams.commits import STUCK_S, ProcessedOffsets
 
     spans, steps = ("t.spans", 0), ("t.steps", 0)
     consumer, offsets = Consumer({spans: None, steps: 7}, {spans: 3, steps: 7}), ProcessedOffsets()

@@ -15,11 +15,11 @@ import io
 import fastavro
 import pytest
 
-import schemas.codec as codec_module
-from schemas.codec import Codec, load_schemas
-from streams.inputs import Inputs
-from streams.runs import RunConfig
-from streams.testing import NS, Harness
+import rlpulse.schemas.codec as codec_module
+from rlpulse.schemas.codec import Codec, load_schemas
+from rlpulse.streams.inputs import Inputs
+from rlpulse.streams.runs import RunConfig
+from rlpulse.streams.testing import NS, Harness
 
 T0 = 1_700_000_000 * NS
 CONFIG = RunConfig(window_s=10, lateness_s=2, idle_s=5, retention_s=30, stall_after_s=20, silent_after_s=3)

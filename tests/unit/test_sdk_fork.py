@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import pytest
 
-from producers import TrainingTelemetry
-from producers.sender import SenderConfig
-from rlpulse.settings import Settings
+from rlpulse.producers import TrainingTelemetry
+from rlpulse.producers.sender import SenderConfig
+from rlpulse.schemas.settings import Settings
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 SETTINGS = Settings.load({"RLPULSE_TOPIC_PREFIX": "fork", "RLPULSE_HEARTBEAT_INTERVAL": "1h"})

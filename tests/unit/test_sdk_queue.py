@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from producers import TrainingTelemetry
-from producers.sender import SenderConfig
-from rlpulse.settings import Settings
-from schemas.codec import Codec, record_count
+from rlpulse.producers import TrainingTelemetry
+from rlpulse.producers.sender import SenderConfig
+from rlpulse.schemas.settings import Settings
+from rlpulse.schemas.codec import Codec, record_count
 
 SETTINGS = Settings.load({"RLPULSE_TOPIC_PREFIX": "q"})
 
@@ -70,7 +70,7 @@ def test_each_writer_has_its_own_id_and_sequences():
 
 def test_full_buffer_drops_counts_and_logs_once(caplog):
     tel = make(buffer_bytes=5_000)
-    with caplog.at_level(logging.WARNING, logger="producers.queue"):
+    with caplog.at_level(logging.WARNING, logger="rlpulse.producers.queue"):
         for i in range(500):
             tel.grader(step=0, rollout_id=f"r{i}", term="judge", outcome="timeout", duration_s=0.1)
     accepted = tel.pending
@@ -193,7 +193,7 @@ def test_publish_span_takes_this_writers_identity_and_sequence():
 
 
 def test_the_queue_wakes_the_sender_once_per_arming():
-    from producers.queue import SPANS, Channel, EventQueue
+    from rlpulse.producers.queue import SPANS, Channel, EventQueue
 
     queue = EventQueue(buffer_bytes=10**6, batch_records=3)
     woken: list[int] = []
@@ -227,7 +227,7 @@ def test_producer_is_idempotent_compressed_and_batches_large():
 
 
 def test_a_record_that_does_not_encode_is_isolated_and_dropped_not_retried(caplog):
-    from producers.queue import SPANS
+    from rlpulse.producers.queue import SPANS
 
     tel = make()
     span = dict(time_ns=2, trace_id=b"t" * 16, span_id=b"s" * 8, name="chat", kind="LLM", start_time_ns=1, end_time_ns=2)
@@ -235,7 +235,7 @@ def test_a_record_that_does_not_encode_is_isolated_and_dropped_not_retried(caplo
         tel.publish_span(dict(span, step=i))
         if i == 3:  # a record the calls would refuse, as a bug in a builder would make it: queued directly
             tel.sender.queue.put(SPANS, tel._span_channel, dict(span, step="three"), 100)
-    with caplog.at_level(logging.ERROR, logger="producers.transport"):
+    with caplog.at_level(logging.ERROR, logger="rlpulse.producers.transport"):
         containers, lost = tel.sender.transport.encode(tel.sender.queue.take(100))
     records = [r for c in containers for r in Codec().decode(c.value).records]
     assert [r["step"] for r in records] == list(range(9)) and len(lost) == 1

@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from producers import TrainingTelemetry
-from rlpulse.settings import Settings, parse_duration
+from rlpulse.producers import TrainingTelemetry
+from rlpulse.schemas.settings import Settings, parse_duration
 
 
 @pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("10s", 10.0), ("15m", 900.0), ("1h", 3600.0), ("2", 2.0)])
@@ -224,7 +224,7 @@ def test_the_span_exporter_drops_and_counts_bad_spans_and_logs_once(tel, caplog)
     assert len(spans) == len(bad) + 1
 
     exporter = tel.span_exporter()
-    with caplog.at_level(logging.WARNING, logger="producers.otel"):
+    with caplog.at_level(logging.WARNING, logger="rlpulse.producers.otel"):
         assert exporter.export(spans) == SpanExportResult.SUCCESS  # never raises into the exporter's thread
     assert exporter.refused == len(bad)
     [(_, _, record)] = tel.sender.queued_records()  # only the good one reaches the queue (and the streams)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from schemas.codec import load_schemas
-from sinks.avro_sql import IncompatibleSchema, Plans, build_plan, ch_type
+from rlpulse.schemas.codec import load_schemas
+from rlpulse.sinks.avro_sql import IncompatibleSchema, Plans, build_plan, ch_type
 
 SCHEMAS = load_schemas()
 SPAN = SCHEMAS["rlpulse.v1.Span"]

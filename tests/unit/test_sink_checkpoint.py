@@ -9,9 +9,9 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError
 
-from schemas.codec import Codec, read_header
-from sinks.checkpoint import Checkpoint, Policy
-from sinks.writer import Backoff, Entry, InsertFault, classify, describe, token
+from rlpulse.schemas.codec import Codec, read_header
+from rlpulse.sinks.checkpoint import Checkpoint, Policy
+from rlpulse.sinks.writer import Backoff, Entry, InsertFault, classify, describe, token
 
 
 class Clock:

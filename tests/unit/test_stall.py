@@ -1,5 +1,5 @@
-from streams.alerting import AlertBook
-from streams.stall import StallDetector
+from rlpulse.streams.alerting import AlertBook
+from rlpulse.streams.stall import StallDetector
 
 S = 1_000_000_000  # one second in ns; every time below is an injected clock value
 

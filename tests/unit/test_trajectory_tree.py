@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from sinks.trajectories import SpanRow, build_tree
-from sinks.trajectory_html import duration, key_attributes, tree_html
+from rlpulse.sinks.trajectories import SpanRow, build_tree
+from rlpulse.sinks.trajectory_html import duration, key_attributes, tree_html
 
 MS = 1_000_000
 

@@ -57,7 +57,7 @@ def checkout_root(package_dir: Path | None = None) -> Path | None:
         return None
 
 
-def _default_home(package_dir: Path | None = None, env: Mapping[str, str] | None = None) -> Path:
+def default_home(package_dir: Path | None = None, env: Mapping[str, str] | None = None) -> Path:
     """``<checkout>/.rlpulse`` when running from a source checkout, else ``$XDG_DATA_HOME/rlpulse``
     (``~/.local/share/rlpulse``). One home per checkout: ``make`` and a bare ``rlpulse`` run there
     find the same broker and the same chDB store."""
@@ -67,33 +67,6 @@ def _default_home(package_dir: Path | None = None, env: Mapping[str, str] | None
     env = os.environ if env is None else env
     base = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "rlpulse"
-
-
-# What rlpulse and the processes it starts create (the chDB store, the broker's data, logs, pid
-# files) is the owner's only: the store holds every run's data, the logs name hosts and runs.
-PRIVATE_UMASK = 0o077
-
-
-def private_dir(path: Path) -> Path:
-    """``path`` (and missing parents) as a directory only its owner can enter, whatever the umask.
-
-    An existing directory is tightened too: one made by an older version with 0755 stops
-    exposing what is in it.
-    """
-    missing = [p for p in (path, *path.parents) if not p.exists()]
-    for folder in reversed(missing):  # Path.mkdir(parents=True) would make the parents with the umask's mode
-        folder.mkdir(mode=0o700, exist_ok=True)
-    if path.stat().st_mode & 0o077:
-        path.chmod(0o700)
-    return path
-
-
-def private_file(path: Path, append: bool = True) -> int:
-    """An fd of ``path`` opened for writing, created (or tightened) to 0600 for its owner alone."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o600)
-    if os.fstat(fd).st_mode & 0o077:
-        os.fchmod(fd, 0o600)
-    return fd
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +85,7 @@ class Settings:
     kafka_bootstrap: str = "127.0.0.1:9092"
     clickhouse_url: str = ""  # empty: a chDB store under ``home``
     topic_prefix: str = "rlpulse"
-    home: Path = dataclasses.field(default_factory=_default_home)
+    home: Path = dataclasses.field(default_factory=default_home)
     partitions: int = 2
     window: float = 60.0
     allowed_lateness: float = 10.0
