@@ -13,6 +13,8 @@ import ssl
 from pathlib import Path
 from typing import Mapping
 
+from rlpulse.schemas.faults import FAULTS_ENV, Faults
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -116,6 +118,8 @@ class Settings:
     # False when ClickHouse's Kafka engine loads the raw topics (`rlpulse migrate --kafka-engine`):
     # the sink then reads the derived topics only, so no raw event has two writers.
     sink_raw: bool = True
+    # Faults injected on purpose by the fault tests (schemas/faults.py); none unless RLPULSE_FAULTS says.
+    faults: Faults = dataclasses.field(default_factory=Faults)
 
     # Environment variable -> field, with the parser for its text.
     _ENV = {
@@ -142,6 +146,7 @@ class Settings:
         "RLPULSE_TTL_AGGREGATE_DAYS": ("ttl_aggregate_days", int),
         "RLPULSE_CLICKHOUSE_CLUSTER": ("clickhouse_cluster", str),
         "RLPULSE_SINK_RAW": ("sink_raw", _flag),
+        FAULTS_ENV: ("faults", Faults.parse),
         "RLPULSE_ALERT_GRADER_FAILURE_RATE": ("alerts.grader_failure_rate", float),
         "RLPULSE_ALERT_GRADER_MIN_GRADED": ("alerts.grader_min_graded", int),
         "RLPULSE_ALERT_CLIPPED_RISING_STEPS": ("alerts.clipped_rising_steps", int),
