@@ -44,15 +44,15 @@ class Faults:
             name, eq, value = part.partition("=")
             name, value = name.strip(), value.strip()
             if name not in names or not eq:
-                raise ValueError(f"{FAULTS_ENV}: unknown fault {name!r} (known: {', '.join(names)}; "
+                raise ValueError(f"unknown fault {name!r} (known: {', '.join(names)}; "
                                  f"write name=value)")
             if name == "insert_error":
                 if not _INSERT_ERROR.match(value):
-                    raise ValueError(f"{FAULTS_ENV}: insert_error={value!r}: expected CODE or CODE:COUNT, e.g. 252:3")
+                    raise ValueError(f"insert_error={value!r}: expected CODE or CODE:COUNT, e.g. 252:3")
                 values[name] = value
             else:
                 if not value.isdigit():
-                    raise ValueError(f"{FAULTS_ENV}: {name}={value!r}: expected a whole number")
+                    raise ValueError(f"{name}={value!r}: expected a whole number")
                 values[name] = int(value)
         return cls(**values)  # type: ignore[arg-type]
 
