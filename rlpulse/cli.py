@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Whatever this process and its children create (the chDB store's files, which chDB makes
     # itself; the broker's data; logs; an HTML page of a run) is readable by its owner only.
-    from rlpulse.schemas.settings import PRIVATE_UMASK
+    from rlpulse.schemas.files import PRIVATE_UMASK
 
     os.umask(PRIVATE_UMASK)
     logging.basicConfig(
