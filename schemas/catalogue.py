@@ -45,10 +45,24 @@ RAW_TOPICS = tuple(t.short for t in TOPICS if t.kind == "raw")
 DERIVED_TOPICS = tuple(t.short for t in TOPICS if t.kind == "derived")
 DLQ_TOPIC = "dlq"
 TICKS_TOPIC = "ticks"
+# The topics code names one by one (the streams' inputs and outputs); checked against TOPICS below.
+SPANS_TOPIC = "spans"
+STEPS_TOPIC = "steps"
+HARDWARE_TOPIC = "hardware"
+GRADER_FAILURES_TOPIC = "grader-failures"
+GRADER_WINDOWS_TOPIC = "grader-windows"
+STEP_STATS_TOPIC = "step-stats"
+REWARD_HISTOGRAMS_TOPIC = "reward-histograms"
+LENGTH_HISTOGRAMS_TOPIC = "length-histograms"
+ALERTS_TOPIC = "alerts"
+_NAMED = (DLQ_TOPIC, TICKS_TOPIC, SPANS_TOPIC, STEPS_TOPIC, HARDWARE_TOPIC, GRADER_FAILURES_TOPIC, GRADER_WINDOWS_TOPIC,
+          STEP_STATS_TOPIC, REWARD_HISTOGRAMS_TOPIC, LENGTH_HISTOGRAMS_TOPIC, ALERTS_TOPIC)
+if set(_NAMED) - set(BY_SHORT):  # a misspelt constant would name a topic nobody creates
+    raise ImportError(f"topic constants not in TOPICS: {sorted(set(_NAMED) - set(BY_SHORT))}")
 
 # The topics the run processor reads: co-partitioned by project/run_id.
-RUN_TOPICS = ("spans", "steps", TICKS_TOPIC)
-HARDWARE_TOPICS = ("hardware", TICKS_TOPIC)
+RUN_TOPICS = (SPANS_TOPIC, STEPS_TOPIC, TICKS_TOPIC)
+HARDWARE_TOPICS = (HARDWARE_TOPIC, TICKS_TOPIC)
 # What the sink writes to ClickHouse.
 SINK_TOPICS = RAW_TOPICS + DERIVED_TOPICS
 
