@@ -38,7 +38,7 @@ from rlpulse.sinks.checkpoint import Checkpoint, Policy
 from rlpulse.sinks.clickhouse import Store, table_columns
 from rlpulse.sinks.dlq import queue_dead_letter, send_dead_letter
 from rlpulse.sinks.message_checks import Limits, check_message
-from rlpulse.sinks.writer import Backoff, Entry, Inserter, TableWriter
+from rlpulse.sinks.writer import Backoff, Entry, TableWriter, inserter_for
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class ClickHouseSink:
         self._topics = {settings.topic(short): short for short in sink_topics(settings.sink_raw)}
         self._dlq = settings.topic(DLQ_TOPIC)
         self._plans = Plans(table_columns(store))
-        self._inserter = Inserter(store)
+        self._inserter = inserter_for(store, settings.faults)  # the faults the tests switch on, if any
         self._backoff = backoff or Backoff()
         self._stop_grace = stop_grace
         self._max_poll_interval_ms = max_poll_interval_ms

@@ -33,13 +33,15 @@ import shutil
 import signal
 import tempfile
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
 
 from rlpulse.schemas.codec import DecodeError, Header, concat
+from rlpulse.schemas.faults import FAULTS_ENV, Faults
 from rlpulse.sinks.avro_sql import IncompatibleSchema, InsertPlan, Plans
 from rlpulse.sinks.clickhouse import Store
 
@@ -94,23 +96,18 @@ def classify(exc: BaseException) -> str:
 
 
 class InsertFault:
-    """A fault injected on purpose for the tests: ``RLPULSE_FAULT_INSERT_ERROR="252:3"`` makes the
-    first 3 inserts raise the error ClickHouse raises for code 252 (TOO_MANY_PARTS), in the real
-    insert path, before ClickHouse is called; ``"252"`` makes every insert raise it."""
+    """The ``insert_error`` fault injected on purpose for the tests (``schemas.faults``):
+    ``RLPULSE_FAULTS="insert_error=252:3"`` makes the first 3 inserts raise the error ClickHouse
+    raises for code 252 (TOO_MANY_PARTS), in the real insert path, before ClickHouse is called;
+    ``insert_error=252`` makes every insert raise it."""
 
-    ENV = "RLPULSE_FAULT_INSERT_ERROR"
-
-    def __init__(self, spec: str):
-        code, _, count = spec.partition(":")
-        try:
-            self.code, self.left = int(code), (int(count) if count else None)
-        except ValueError:
-            raise ValueError(f"{self.ENV}={spec!r}: expected CODE or CODE:COUNT, e.g. 252:3") from None
+    def __init__(self, code: int, count: int | None = None):
+        self.code, self.left = code, count
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> "InsertFault | None":
-        spec = env.get(cls.ENV, "").strip()
-        return cls(spec) if spec else None
+    def from_faults(cls, faults: Faults) -> "InsertFault | None":
+        code = faults.insert_error_code
+        return None if code is None else cls(code, faults.insert_error_count)
 
     def maybe_raise(self) -> None:
         if self.left is not None:
@@ -118,8 +115,8 @@ class InsertFault:
                 return
             self.left -= 1
         name = OUTAGE_CODES.get(self.code) or CONTENT_CODES.get(self.code) or "UNCLASSIFIED"
-        raise DatabaseError(f"Code: {self.code}. DB::Exception: fault injected by {self.ENV}. ({name})",
-                            code=self.code, name=name)
+        raise DatabaseError(f"Code: {self.code}. DB::Exception: fault injected on purpose ({FAULTS_ENV} insert_error). "
+                            f"({name})", code=self.code, name=name)
 
 
 @dataclass(frozen=True)
@@ -144,53 +141,38 @@ def token(table: str, schema_json: bytes, entries: list[Entry]) -> str:
     return f"{table};{digest};" + ";".join(f"{t}:{p}:{a}-{b}" for (t, p), (a, b) in sorted(ranges.items()))
 
 
-class Inserter:
-    """Runs one INSERT of container bytes: chDB reads a private temp file, a server the request body."""
+class Inserter(ABC):
+    """Runs one INSERT of container bytes on a daemon thread; one subclass per backend, as each
+    hands ClickHouse the bytes its own way (:func:`inserter_for` picks it by the store's URL).
 
-    def __init__(self, store: Store, env: Mapping[str, str] | None = None):
-        env = os.environ if env is None else env
+    ``faults`` (``Settings.faults``) are the faults injected on purpose by the fault tests:
+    ``insert_error`` raises a ClickHouse error for the first inserts, ``kill_after_inserts``
+    SIGKILLs this process after its N-th insert, before the offset commit.
+    """
+
+    # Whether close() waits for a running insert however long it takes (see close()).
+    wait_for_running = False
+
+    def __init__(self, store: Store, faults: Faults | None = None):
+        faults = faults or Faults()
         self.store = store
-        self.embedded = store.url.startswith("chdb:")
-        self._dir = self._private_dir(store) if self.embedded else None
-        self._seq = 0
-        self._lock = threading.Lock()
         self._running: threading.Thread | None = None
-        # Faults injected on purpose by the fault tests: SIGKILL this process after N inserts,
-        # before the offset commit; raise a ClickHouse error for the first inserts.
-        self._kill_after = int(env.get("RLPULSE_FAULT_KILL_AFTER_INSERTS", "0") or 0)
-        self._fault = InsertFault.from_env(env)
+        self._kill_after = faults.kill_after_inserts
+        self._fault = InsertFault.from_faults(faults)
         self.inserts = 0
 
-    @staticmethod
-    def _private_dir(store: Store) -> str:
-        """chDB's client cannot take binary data with a statement, so each container goes through
-        a file only this user can read (0600), in a directory only this user can list (0700).
-        It lives in the store, which this process holds locked: files a killed sink left behind
-        are removed here, and nobody else's temp directory fills up."""
-        root = urlsplit(store.url).path
-        for stale in glob.glob(os.path.join(glob.escape(root), "sink-tmp-*")):
-            shutil.rmtree(stale, ignore_errors=True)
-        return tempfile.mkdtemp(prefix="sink-tmp-", dir=root)
+    @abstractmethod
+    def _send(self, plan: InsertPlan, data: bytes, dedup_token: str) -> None:
+        """Have ClickHouse run ``plan`` on ``data``. Blocking."""
+
+    def _cleanup(self) -> None:
+        """Remove what the backend keeps between inserts (close() calls it once nothing runs)."""
 
     def insert(self, plan: InsertPlan, data: bytes, dedup_token: str) -> None:
         """Blocking. Raises what clickhouse-connect raises."""
         if self._fault is not None:
             self._fault.maybe_raise()
-        db = self.store.database
-        if self.embedded:
-            with self._lock:
-                self._seq += 1
-                path = os.path.join(self._dir, f"{self._seq}.avro")  # type: ignore[arg-type]
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                self.store.client.command(plan.sql_from_file(db, path, dedup_token))
-            finally:
-                os.unlink(path)
-        else:
-            self.store.client.command(plan.sql_from_input(db), data=data,
-                                      settings={"insert_deduplication_token": dedup_token})
+        self._send(plan, data, dedup_token)
         self.inserts += 1
         if self._kill_after and self.inserts >= self._kill_after:
             log.warning("fault injection: SIGKILL after %d inserts, before the offset commit", self.inserts)
@@ -227,10 +209,61 @@ class Inserter:
         this process and its store must not close under it); one on a server is left after ``wait_s``."""
         running = self._running
         if running is not None and running.is_alive():
-            running.join(None if self.embedded else wait_s)
+            running.join(None if self.wait_for_running else wait_s)
+        self._cleanup()
+
+
+class ChdbInserter(Inserter):
+    """chDB: the statement reads the container from a private temp file."""
+
+    wait_for_running = True  # the engine lives in this process: its store must not close under an insert
+
+    def __init__(self, store: Store, faults: Faults | None = None):
+        super().__init__(store, faults)
+        self._dir: str | None = self._private_dir(store)
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _private_dir(store: Store) -> str:
+        """chDB's client cannot take binary data with a statement, so each container goes through
+        a file only this user can read (0600), in a directory only this user can list (0700).
+        It lives in the store, which this process holds locked: files a killed sink left behind
+        are removed here, and nobody else's temp directory fills up."""
+        root = urlsplit(store.url).path
+        for stale in glob.glob(os.path.join(glob.escape(root), "sink-tmp-*")):
+            shutil.rmtree(stale, ignore_errors=True)
+        return tempfile.mkdtemp(prefix="sink-tmp-", dir=root)
+
+    def _send(self, plan: InsertPlan, data: bytes, dedup_token: str) -> None:
+        with self._lock:
+            self._seq += 1
+            path = os.path.join(self._dir, f"{self._seq}.avro")  # type: ignore[arg-type]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            self.store.client.command(plan.sql_from_file(self.store.database, path, dedup_token))
+        finally:
+            os.unlink(path)
+
+    def _cleanup(self) -> None:
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+class HttpInserter(Inserter):
+    """A ClickHouse server: the container is the request body (``INSERT … FROM input()``)."""
+
+    def _send(self, plan: InsertPlan, data: bytes, dedup_token: str) -> None:
+        self.store.client.command(plan.sql_from_input(self.store.database), data=data,
+                                  settings={"insert_deduplication_token": dedup_token})
+
+
+def inserter_for(store: Store, faults: Faults | None = None) -> Inserter:
+    """The inserter of ``store``'s backend: chDB for a ``chdb:`` URL, else a server over HTTP."""
+    return (ChdbInserter if store.url.startswith("chdb:") else HttpInserter)(store, faults)
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:

@@ -300,14 +300,14 @@ def test_a_retried_insert_carries_the_same_token_and_adds_no_copy(settings: Sett
     from rlpulse.schemas.codec import read_header
     from rlpulse.sinks.avro_sql import Plans
     from rlpulse.sinks.clickhouse import table_columns
-    from rlpulse.sinks.writer import Entry, Inserter, TableWriter
+    from rlpulse.sinks.writer import Entry, TableWriter, inserter_for
 
     async def no_dead_letters(msg: Any, reason: str) -> None:
         raise AssertionError(reason)
 
     with open_store(settings.clickhouse_dsn, owner="test") as store:
         migrate(store)
-        writer = TableWriter("steps", Inserter(store), Plans(table_columns(store)), no_dead_letters)
+        writer = TableWriter("steps", inserter_for(store), Plans(table_columns(store)), no_dead_letters)
         entries = []
         for offset in range(3):
             value = CODEC.encode("Step", [step(offset)])

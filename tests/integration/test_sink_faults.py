@@ -26,6 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from rlpulse.pipeline import settings_env
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.catalogue import SINK_TOPICS, TABLES
+from rlpulse.schemas.faults import Faults
 from rlpulse.schemas.topics import ensure_topics, topic_partitions
 from rlpulse.sinks.clickhouse import open_store
 from rlpulse.sinks.dlq import read_dead_letters
@@ -155,7 +156,7 @@ def killed_mid_checkpoint_then_restarted(settings: Settings, log: Path, expected
     All messages are on the topics before the sink starts and a checkpoint is due 3 s after its
     first message, so the first checkpoint holds every message: one insert per table, ten tables.
     """
-    proc = start_sink(settings, log, "--flush-interval", "3", env={"RLPULSE_FAULT_KILL_AFTER_INSERTS": "3"})
+    proc = start_sink(settings, log, "--flush-interval", "3", env=Faults(kill_after_inserts=3).env())
     assert proc.wait(120) == -signal.SIGKILL, log.read_text()[-3000:]
     # Mid-batch: three tables hold rows, the other seven none, and not one offset is committed.
     end, committed = offsets(settings)

@@ -1,7 +1,7 @@
 """ClickHouse refusing inserts, and SIGTERM while it does (issue 9, the sink's part).
 
 The refusal is a fault injected on purpose at the insert call, in the real insert path:
-``RLPULSE_FAULT_INSERT_ERROR="252:4"`` makes the first 4 inserts raise the error the driver
+``RLPULSE_FAULTS="insert_error=252:4"`` makes the first 4 inserts raise the error the driver
 raises for TOO_MANY_PARTS (see ``sinks.writer.InsertFault``). Everything else is real: the
 broker, chDB, ``rlpulse sink`` as a child process. Each test checks: events sent = rows found
 exactly; the dead-letter topic empty; the sink stayed in its group (one partition assignment in
@@ -12,14 +12,16 @@ succeeded.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from pathlib import Path
 
 import pytest
 
-from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.catalogue import TABLES
+from rlpulse.schemas.faults import Faults
+from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.clickhouse import migrate, open_store
 from rlpulse.sinks.sink import drain
@@ -54,7 +56,7 @@ def expect_rows(settings: Settings, sent: dict[str, int]) -> None:
 def test_too_many_parts_pauses_consumption_and_commits_only_after_the_insert(settings: Settings, tmp_path: Path) -> None:
     sent = send_workload(settings)
     log = tmp_path / "sink.log"
-    proc = start_sink(settings, log, env={"RLPULSE_FAULT_INSERT_ERROR": "252:4"})
+    proc = start_sink(settings, log, env=Faults(insert_error="252:4").env())
     try:
         # Offsets first, then the log: a commit seen must come after the log line of the insert
         # that got through (the log is written before the commit is sent).
@@ -91,13 +93,13 @@ def test_too_many_parts_pauses_consumption_and_commits_only_after_the_insert(set
 
 @pytest.mark.parametrize("code", [241, 242, 164, 1000])
 def test_an_outage_longer_than_max_poll_interval_keeps_the_group_and_dead_letters_nothing(
-        settings: Settings, monkeypatch, code: int) -> None:
+        settings: Settings, code: int) -> None:
     """MEMORY_LIMIT_EXCEEDED, TABLE_IS_READ_ONLY, READONLY and an error nobody classified (1000,
     POCO_EXCEPTION) are all retried: 4 refusals take 3 s, longer than this sink's max.poll.interval
     (2 s), so a sink that stopped polling while it retried would leave its group and be assigned
     its partitions again."""
     sent = send_workload(settings)
-    monkeypatch.setenv("RLPULSE_FAULT_INSERT_ERROR", f"{code}:4")
+    settings = dataclasses.replace(settings, faults=Faults(insert_error=f"{code}:4"))
     with open_store(settings.clickhouse_dsn, owner="test sink") as store:
         migrate(store)
         stats, _ = asyncio.run(drain(settings, store, timeout=120, max_poll_interval_ms=2000))
@@ -110,7 +112,7 @@ def test_an_outage_longer_than_max_poll_interval_keeps_the_group_and_dead_letter
 def test_sigterm_during_a_retry_stops_within_10s_and_commits_nothing(settings: Settings, tmp_path: Path) -> None:
     sent = send_workload(settings)
     log = tmp_path / "sink.log"
-    proc = start_sink(settings, log, env={"RLPULSE_FAULT_INSERT_ERROR": "252"})  # every insert, for ever
+    proc = start_sink(settings, log, env=Faults(insert_error="252").env())  # every insert, for ever
     try:
         deadline = time.monotonic() + 120
         while "try 2 failed" not in log.read_text():

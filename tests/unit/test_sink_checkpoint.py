@@ -10,6 +10,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError
 
 from rlpulse.schemas.codec import Codec, read_header
+from rlpulse.schemas.faults import Faults
 from rlpulse.sinks.checkpoint import Checkpoint, Policy
 from rlpulse.sinks.writer import Backoff, Entry, InsertFault, classify, describe, token
 
@@ -190,20 +191,23 @@ def test_the_structured_code_wins_and_transport_errors_are_outages() -> None:
 def test_the_injected_insert_fault_raises_clickhouse_errors_then_stops() -> None:
     from clickhouse_connect.driver.exceptions import DatabaseError
 
-    fault = InsertFault.from_env({"RLPULSE_FAULT_INSERT_ERROR": "252:2"})
+    fault = InsertFault.from_faults(Faults.parse("insert_error=252:2"))
+    assert fault is not None
     for _ in range(2):
         with pytest.raises(DatabaseError) as raised:
-            fault.maybe_raise()  # type: ignore[union-attr]
+            fault.maybe_raise()
         assert raised.value.code == 252 and classify(raised.value) == "outage"
         assert describe(raised.value).startswith("DatabaseError TOO_MANY_PARTS (code 252): Code: 252.")
-    fault.maybe_raise()  # type: ignore[union-attr]  # the third insert goes through
-    persistent = InsertFault("164")
+        assert "fault injected on purpose (RLPULSE_FAULTS insert_error)" in str(raised.value)
+    fault.maybe_raise()  # the third insert goes through
+    persistent = InsertFault.from_faults(Faults(insert_error="164"))
+    assert persistent is not None
     for _ in range(50):
         with pytest.raises(DatabaseError):
             persistent.maybe_raise()
-    assert InsertFault.from_env({}) is None
-    with pytest.raises(ValueError, match="RLPULSE_FAULT_INSERT_ERROR"):
-        InsertFault("many")
+    assert InsertFault.from_faults(Faults()) is None and InsertFault.from_faults(Faults(kill_after_inserts=3)) is None
+    with pytest.raises(ValueError, match="insert_error"):
+        Faults.parse("insert_error=many")
 
 
 def test_backoff_doubles_up_to_its_cap() -> None:
