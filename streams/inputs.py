@@ -12,14 +12,14 @@ import asyncio
 import logging
 from typing import Any
 
-from rlpulse.schemas.catalogue import BY_SHORT
+from rlpulse.schemas.catalogue import BY_SHORT, SPANS_TOPIC
 from rlpulse.schemas.codec import Codec, DecodeError
 from rlpulse.streams.runs import SPAN_FIELDS
 
 log = logging.getLogger(__name__)
 
 # The fields each topic's processor reads: the decoder may skip the rest.
-FIELDS = {"spans": SPAN_FIELDS}
+FIELDS = {SPANS_TOPIC: SPAN_FIELDS}
 
 
 class Inputs:

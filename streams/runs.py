@@ -32,6 +32,8 @@ import dataclasses
 import logging
 from typing import Any, NamedTuple
 
+from rlpulse.schemas.catalogue import (ALERTS_TOPIC, GRADER_FAILURES_TOPIC, GRADER_WINDOWS_TOPIC, LENGTH_HISTOGRAMS_TOPIC,
+                                       REWARD_HISTOGRAMS_TOPIC, SPANS_TOPIC, STEP_STATS_TOPIC)
 from rlpulse.schemas.settings import AlertThresholds
 from rlpulse.streams.alerting import AlertBook, forget_run, grader_failure_rate, step_rules
 from rlpulse.streams.figures import MAX_NAME, MAX_TERMS, NS, GraderWindow, StepFigures
@@ -141,7 +143,7 @@ class RunProcessor:
                 if t > mark[0]:
                     mark[0] = t
                 mark[1] = now_ns
-            if topic == "spans":
+            if topic == SPANS_TOPIC:
                 kind = r["kind"]
                 if kind == "GRADER" and r.get("term") is not None:
                     self._grader(run, r)
@@ -349,10 +351,10 @@ class RunProcessor:
                      first: bool) -> list[Output]:
         w.dirty = False
         ident, end_ns = run.ident(attempt), start_ns + self.size_ns
-        out = [Output("grader-failures", run.key, "GraderFailureWindow", r)
+        out = [Output(GRADER_FAILURES_TOPIC, run.key, "GraderFailureWindow", r)
                for r in w.failure_records(ident, term, start_ns, end_ns, now_ns)]
         window = w.window_record(ident, term, start_ns, end_ns, now_ns)
-        out.append(Output("grader-windows", run.key, "GraderWindow", window))
+        out.append(Output(GRADER_WINDOWS_TOPIC, run.key, "GraderWindow", window))
         if first:
             # first seen at the window's end (event time): the same record if a crash makes us fire it again
             out += [self._alert(run, a) for a in grader_failure_rate(AlertBook(run.alerts), window, self.config.thresholds,
@@ -363,9 +365,9 @@ class RunProcessor:
         f.dirty = False
         ident = run.ident(attempt)
         stats = f.stats_record(ident, step, now_ns)
-        out = [Output("step-stats", run.key, "StepStats", stats)]
-        out += [Output("reward-histograms", run.key, "RewardHistogram", r) for r in f.histogram_records(ident, step, now_ns)]
-        out.append(Output("length-histograms", run.key, "CompletionLengthHistogram", f.length_record(ident, step, now_ns)))
+        out = [Output(STEP_STATS_TOPIC, run.key, "StepStats", stats)]
+        out += [Output(REWARD_HISTOGRAMS_TOPIC, run.key, "RewardHistogram", r) for r in f.histogram_records(ident, step, now_ns)]
+        out.append(Output(LENGTH_HISTOGRAMS_TOPIC, run.key, "CompletionLengthHistogram", f.length_record(ident, step, now_ns)))
         if first:
             # first seen at the step's last rollout (event time): the same record if a crash makes us fire it again
             out += [self._alert(run, a) for a in step_rules(AlertBook(run.alerts), run.rules, stats, self.config.thresholds,
@@ -376,7 +378,7 @@ class RunProcessor:
         # DEBUG: the alerts topic (and `rlpulse alerts`) is where people read them; a line per alert
         # cost 5% of the worker's time in a backlog with thousands of them.
         log.debug("alert %s %s %s: %s", alert["rule"], alert["state"], alert["key"], alert["summary"])
-        return Output("alerts", run.key, "Alert", alert)
+        return Output(ALERTS_TOPIC, run.key, "Alert", alert)
 
 
 def often(before: int, after: int) -> bool:
