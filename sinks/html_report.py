@@ -7,12 +7,13 @@ on a machine without network. Tables are ReplacingMergeTree, so every read uses 
 from __future__ import annotations
 
 import datetime as dt
-import html
 import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from rlpulse.sinks import trajectory_html
 from rlpulse.sinks.clickhouse import Store
+from rlpulse.sinks.html_escape import esc  # one escaping function for the whole page
 
 W, H, HEAT_H = 1000, 260, 400  # chart sizes; the heatmap is taller (15 bucket rows)
 LEFT, RIGHT, TOP, BOTTOM = 70, 190, 40, 50  # margins; the legend lives in the right one
@@ -20,10 +21,6 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#bcbd22", "#17becf")
 STATE_COLOURS = {"FIRING": "#d62728", "RESOLVED": "#2ca02c"}
 NS = 1_000_000_000
-
-
-def esc(text: Any) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def clock(ns: float) -> str:
@@ -310,8 +307,6 @@ def render(store: Store, run_id: str, attempt: int | None = None, step: int | No
            sample: str | None = None) -> str:
     """The whole page as a string. ``attempt`` None: the latest attempt that has data (or 0).
     ``step``/``sample``: whose trajectories the page shows (default: see sinks.trajectories.select)."""
-    from rlpulse.sinks import trajectory_html  # it imports this module (esc)
-
     note = ""
     if attempt is None:
         found = latest_attempt(store, run_id)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from rlpulse.sinks.clickhouse import Store
-from rlpulse.sinks.html_report import esc  # one escaping function for the whole page
-from rlpulse.sinks.trajectories import SAMPLE_LIST_CAP, SPAN_CAP, SpanRow, Trajectory, _label, _n, select
+from rlpulse.sinks.html_escape import esc  # one escaping function for the whole page
+from rlpulse.sinks.trajectories import (SAMPLE_LIST_CAP, SPAN_CAP, SpanRow, Trajectory, counted, sample_label,
+                                        select)
 
 OPEN_DEPTH = 3  # tree levels open when the page loads; deeper ones are a click away
 LLM_MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "llm.model_name", "model")
@@ -122,7 +123,7 @@ def render_section(store: Store, run: str, attempt: int, step: int | None = None
     head = f'<section id="trajectories"><h2>Trajectories</h2><p class="choice">{esc(sel.note)}</p>'
     if sel.step is None:
         return head + "</section>"
-    others = [f"{_label(s)} ({n})" for s, n in sel.samples if s != sel.sample]
+    others = [f"{sample_label(s)} ({n})" for s, n in sel.samples if s != sel.sample]
     listed = ", ".join(others[:SAMPLE_LIST_CAP]) + (f", and {len(others) - SAMPLE_LIST_CAP} more"
                                                      if len(others) > SAMPLE_LIST_CAP else "")
     other = (f'<p class="other-samples">Other samples of step {sel.step} (rollouts): {esc(listed)}</p>'
@@ -149,8 +150,8 @@ def render_section(store: Store, run: str, attempt: int, step: int | None = None
                       f"</summary>{note}{tree_html(t.tree.roots)}</details>")
     more = (f'<p class="tree-note">{sel.more_trajectories} more trajectories of this sample not shown</p>'
             if sel.more_trajectories else "")
-    count = _n(len(sel.trajectories), "trajectory", "trajectories")
-    title = f"<h3>Step {sel.step}, sample {esc(_label(sel.sample))}: {count}</h3>"
+    count = counted(len(sel.trajectories), "trajectory", "trajectories")
+    title = f"<h3>Step {sel.step}, sample {esc(sample_label(sel.sample))}: {count}</h3>"
     return head + other + title + table + more + "".join(blocks) + "</section>"
 
 

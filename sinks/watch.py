@@ -1,8 +1,8 @@
 """``rlpulse watch``: a live terminal view of the active runs, read from ClickHouse.
 
-:func:`snapshot` reads one frame's figures into plain dataclasses; :func:`render` turns a
-snapshot into a rich renderable that lays itself out on the terminal's width (sinks/watch_view.py);
-:func:`watch` refreshes it in a rich ``Live`` view.
+:func:`snapshot` reads one frame's figures into plain dataclasses (sinks/watch_data.py);
+:func:`render` turns a snapshot into a rich renderable that lays itself out on the terminal's
+width (sinks/watch_view.py); :func:`watch` refreshes it in a rich ``Live`` view.
 
 What the view counts as an active run, and how each figure is taken:
 
@@ -33,79 +33,17 @@ No query uses FINAL: every figure is a min/max/argMax that duplicates cannot cha
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rich.console import Console
 from rich.live import Live
 
 from rlpulse.sinks.clickhouse import Store
+from rlpulse.sinks.watch_data import NS, RECENT_S, Alert, Gpu, RunLine, WatchSnapshot
 from rlpulse.sinks.watch_view import render  # the layout on the terminal's width
 
-NS = 1_000_000_000
-RECENT_S = 600.0
 RATE_WINDOW_S = 300.0
 PLACEMENT_SPAN_NS = 60 * NS  # a placement row covers its GPU for this long (as sinks/queries/gpu-utilization-by-run.sql)
-
-
-@dataclass(frozen=True)
-class Gpu:
-    hw_id: str
-    host: str
-    index: int | None
-    utilization: float | None  # fraction 0..1 of the latest sample; None: no sample in the placement's time
-    power_w: float | None
-    sample_ns: int | None
-    memory: float | None = None  # memory used / total (0..1) of the latest sample
-
-
-@dataclass(frozen=True)
-class Alert:
-    rule: str
-    key: str
-    severity: str
-    summary: str
-    project: str
-    run_id: str
-    attempt: int
-    since_ns: int  # first_seen_ns of the episode
-
-
-@dataclass
-class RunLine:
-    project: str
-    run_id: str
-    attempt: int
-    state: str  # RUNNING, STALLED, SILENT, ENDED
-    step: int | None  # highest step of a STEP event; None before the first
-    step_count: int
-    steps_per_min: float | None
-    reward_mean: float | None
-    clipped_ratio: float | None
-    failure_rate: float | None
-    graded: int  # scores behind failure_rate
-    first_ns: int
-    last_ns: int  # the latest report
-    asof_ns: int  # pace and failure rate are taken up to this: the RUN_END, or now
-    gpus: list[Gpu] = field(default_factory=list)
-    alerts: list[Alert] = field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        return f"{self.project}/{self.run_id}/{self.attempt}"
-
-
-@dataclass
-class WatchSnapshot:
-    url: str
-    database: str
-    now_ns: int
-    runs: list[RunLine]
-    any_runs: bool  # the database holds step events of some run (shown or not)
-    show_all: bool = False
-    project: str | None = None
-    recent_s: float = RECENT_S
-    endpoint: str | None = None  # the sink's read endpoint, when the store is a chDB store the sink holds
 
 
 def _rows(store: Store, sql: str, **params: Any) -> list[tuple]:

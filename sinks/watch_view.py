@@ -22,16 +22,13 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-if TYPE_CHECKING:
-    from rlpulse.sinks.watch import WatchSnapshot
+from rlpulse.sinks.watch_data import NS, WatchSnapshot
 
-NS = 1_000_000_000
 STATE_STYLES = {"RUNNING": "green", "STALLED": "bold yellow", "SILENT": "bold red", "ENDED": "dim"}
 GAP = 2  # between two columns: box=None, padding (0, 1), no padding at the table's edges
 
