@@ -227,9 +227,9 @@ def _known_failure(exc: Exception, args: argparse.Namespace) -> str | None:
         return (f"lost the Kafka broker at {bootstrap} ({exc}). Check it with `rlpulse services status`; "
                 "start the local one with `rlpulse services up`")
     if kind.startswith(("clickhouse_connect", "chdb")):
-        from rlpulse.sinks.queries import _one_line
+        from rlpulse.sinks.queries import one_line
 
-        return f"ClickHouse failed: {_one_line(exc, limit=300)}"
+        return f"ClickHouse failed: {one_line(exc, limit=300)}"
     if isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)) or (
             isinstance(exc, OSError) and exc.filename is not None):  # a path that cannot be read or written
         return str(exc)

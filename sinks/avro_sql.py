@@ -56,25 +56,27 @@ class InsertPlan:
     def sql_from_file(self, database: str, path: str, token: str) -> str:
         """The INSERT for an embedded engine (chDB) reading the container from a file."""
         return (f"INSERT INTO {database}.{self.table} ({_cols(self.columns)}) SELECT {self.select} "
-                f"FROM file({_quote(path)}, 'Avro', {_quote(self.structure)}) "
-                f"SETTINGS insert_deduplication_token = {_quote(token)}")
+                f"FROM file({sql_quote(path)}, 'Avro', {sql_quote(self.structure)}) "
+                f"SETTINGS insert_deduplication_token = {sql_quote(token)}")
 
     def sql_from_input(self, database: str) -> str:
         """The INSERT for a server: the container is the HTTP request body (token goes as a setting)."""
         return (f"INSERT INTO {database}.{self.table} ({_cols(self.columns)}) SELECT {self.select} "
-                f"FROM input({_quote(self.structure)}) FORMAT Avro")
+                f"FROM input({sql_quote(self.structure)}) FORMAT Avro")
 
 
-def _quote(text: str) -> str:
+def sql_quote(text: str) -> str:
+    """``text`` as a ClickHouse string literal."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _ident(name: str) -> str:
+def sql_ident(name: str) -> str:
+    """``name`` as a ClickHouse identifier (back-quoted: column names may be keywords, e.g. `index`)."""
     return "`" + name.replace("`", "``") + "`"
 
 
 def _cols(columns: tuple[str, ...]) -> str:
-    return ", ".join(_ident(c) for c in columns)
+    return ", ".join(sql_ident(c) for c in columns)
 
 
 def _type_name(t: Any) -> str:
@@ -134,16 +136,16 @@ def _literal(value: Any, avro_type: Any) -> str:
     if value is None:
         return "NULL"
     if name == "bytes" or name == "fixed":
-        return _quote(value.encode("latin-1").hex())  # the JSON encoding of bytes is one char per byte
+        return sql_quote(value.encode("latin-1").hex())  # the JSON encoding of bytes is one char per byte
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return _quote(value)
+        return sql_quote(value)
     if isinstance(value, dict):
         values = avro_type["values"]
-        return "map(" + ", ".join(f"{_quote(k)}, {_literal(v, values)}" for k, v in sorted(value.items())) + ")"
+        return "map(" + ", ".join(f"{sql_quote(k)}, {_literal(v, values)}" for k, v in sorted(value.items())) + ")"
     if isinstance(value, list):
         return "[" + ", ".join(_literal(v, avro_type["items"]) for v in value) + "]"
     raise IncompatibleSchema(f"cannot express default {value!r} in SQL")
@@ -167,24 +169,24 @@ def _resolvable(writer: Any, reader: Any) -> bool:
 
 
 def _expression(name: str, avro_type: Any, table_type: str) -> str:
-    col = _ident(name)
+    col = sql_ident(name)
     kind = _type_name(avro_type)
     branches = [b for b in avro_type if b != "null"] if kind == "union" else [avro_type]
     base = _type_name(branches[0]) if len(branches) == 1 else "union"
     if base == "bytes":
         return f"lower(hex({col}))"
     if base == "enum":
-        symbols = ", ".join(_quote(s) for s in branches[0]["symbols"])
+        symbols = ", ".join(sql_quote(s) for s in branches[0]["symbols"])
         default = branches[0].get("default")
         if default is None:
             return col
         nullable = kind == "union" and "null" in avro_type
         known = f"({col} IS NULL OR {col} IN ({symbols}))" if nullable else f"{col} IN ({symbols})"
-        return f"if({known}, {col}, {_quote(default)})"
+        return f"if({known}, {col}, {sql_quote(default)})"
     if base == "map" and ch_type(branches[0]).startswith("Map(String, Variant("):
         return f"mapSort(mapApply((k, v) -> (k, toString(v)), {col}))"
     if _narrowing(ch_type(avro_type), table_type):
-        return f"accurateCast({col}, {_quote(table_type)})"
+        return f"accurateCast({col}, {sql_quote(table_type)})"
     return col
 
 
@@ -210,7 +212,7 @@ def build_plan(table: str, reader: dict[str, Any], table_columns: dict[str, str]
         table_type = _strip_lowcardinality(table_columns[name])
         columns.append(name)
         if name in writer_fields:
-            structure.append(f"{_ident(name)} {ch_type(avro_type)}")
+            structure.append(f"{sql_ident(name)} {ch_type(avro_type)}")
             select.append(_expression(name, avro_type, table_type))
         else:
             select.append(f"CAST({_literal(field['default'], avro_type)} AS {table_type})")

@@ -42,7 +42,7 @@ import re
 from typing import Any, Mapping
 from urllib.parse import quote
 
-from rlpulse.sinks.queries import _PLACEHOLDER, list_saved, load_saved
+from rlpulse.sinks.queries import PLACEHOLDER, list_saved, load_saved
 
 DATABASE = "rlpulse"
 DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "rlpulse-clickhouse"}
@@ -123,7 +123,7 @@ def grafana_sql(name: str, sql: str) -> str:
                 f"mapped are {known} (add one to MAPPING in sinks/grafana.py)")
         return value
 
-    return _PLACEHOLDER.sub(swap, body).replace("{db}", DATABASE)
+    return PLACEHOLDER.sub(swap, body).replace("{db}", DATABASE)
 
 
 def _description(sql: str) -> str:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlpulse.schemas.catalogue import BY_SHORT, RAW_TOPICS, TABLES
-from rlpulse.sinks.avro_sql import _ident, _quote, build_plan, ch_type, reader_schemas
+from rlpulse.sinks.avro_sql import build_plan, ch_type, reader_schemas, sql_ident, sql_quote
 from rlpulse.sinks.cluster_ddl import check_name
 
 ERRORS_TABLE = "kafka_errors"
@@ -137,22 +137,22 @@ def statements(db: str, columns: dict[str, dict[str, str]], engine: KafkaEngine,
         out = [errors_table_statement(db, ttl_days)]
     for short in RAW_TOPICS:
         source = f"{db}.kafka_{short.replace('-', '_')}"
-        cols = ",\n".join(f"    {_ident(n)} {t}" for n, t in kafka_columns(short, columns).items())
+        cols = ",\n".join(f"    {sql_ident(n)} {t}" for n, t in kafka_columns(short, columns).items())
         out.append(
             f"CREATE TABLE IF NOT EXISTS {source}{on} (\n{cols}\n) ENGINE = Kafka\nSETTINGS "
-            f"kafka_broker_list = {_quote(engine.broker_list)}, kafka_topic_list = {_quote(engine.topic(short))}, "
-            f"kafka_group_name = {_quote(engine.group)}, kafka_format = 'Avro', "
+            f"kafka_broker_list = {sql_quote(engine.broker_list)}, kafka_topic_list = {sql_quote(engine.topic(short))}, "
+            f"kafka_group_name = {sql_quote(engine.group)}, kafka_format = 'Avro', "
             f"kafka_num_consumers = {int(engine.num_consumers)}, kafka_handle_error_mode = 'stream', "
             "input_format_avro_allow_missing_fields = 1")
         marks = markers(short, columns)
         for record in BY_SHORT[short].records:
             table = TABLES[record]
             plan = build_plan(table, reader_schemas()[record], columns[table])
-            select = ", ".join(f"{e} AS {_ident(c)}" for c, e in zip(plan.columns, plan.expressions))
-            where = "length(_error) = 0" + (f" AND {_ident(marks[table])} IS NOT NULL" if table in marks else "")
+            select = ", ".join(f"{e} AS {sql_ident(c)}" for c, e in zip(plan.columns, plan.expressions))
+            where = "length(_error) = 0" + (f" AND {sql_ident(marks[table])} IS NOT NULL" if table in marks else "")
             out.append(f"CREATE MATERIALIZED VIEW IF NOT EXISTS {source}_to_{table}{on} TO {db}.{table} AS "
                        f"SELECT {select} FROM {source} WHERE {where}")
-        unknown = " AND ".join(f"{_ident(m)} IS NULL" for m in marks.values())
+        unknown = " AND ".join(f"{sql_ident(m)} IS NULL" for m in marks.values())
         reason = (f"if(length(_error) > 0, _error, 'neither {' nor '.join(marks.values())}: no record type of topic "
                   f"{short}')") if marks else "_error"
         out.append(f"CREATE MATERIALIZED VIEW IF NOT EXISTS {source}_errors{on} TO {db}.{ERRORS_TABLE} AS "

@@ -27,7 +27,8 @@ from uuid import UUID
 
 SAVED = Path(__file__).parent / "queries"
 FORMATS = ("table", "csv", "json")
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):([^{}]+)\}")
+# A saved query's parameter, ClickHouse's {name:Type}: its name and its type.
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):([^{}]+)\}")
 
 
 class ReadOnlyError(RuntimeError):
@@ -73,7 +74,7 @@ def load_saved(name: str) -> str:
 def placeholders(sql: str) -> dict[str, str]:
     """``{name:Type}`` parameters of ``sql`` (comment lines ignored): name -> type."""
     body = "\n".join(line for line in sql.splitlines() if not line.strip().startswith("--"))
-    return {m.group(1): m.group(2).strip() for m in _PLACEHOLDER.finditer(body)}
+    return {m.group(1): m.group(2).strip() for m in PLACEHOLDER.finditer(body)}
 
 
 def parse_params(items: Sequence[str] | None) -> dict[str, str]:
@@ -114,10 +115,10 @@ def run_query(client: Any, sql: str, params: Mapping[str, str] | None = None) ->
         result = client.query(sql, parameters=dict(params or {}), settings={"readonly": 1})
     except Exception as exc:
         if type(exc).__module__.startswith("clickhouse_connect") or "DB::Exception" in str(exc):
-            reason = _one_line(exc)
+            reason = one_line(exc)
             if "READONLY" in reason or "readonly mode" in reason or re.search(r"\bCode: 164\b", reason):
                 raise ReadOnlyError(f"refused: queries run read-only (readonly=1): {reason}") from None
-            raise _refusal(_one_line(exc, limit=None), sql, params or {}) from None
+            raise _refusal(one_line(exc, limit=None), sql, params or {}) from None
         raise
     columns, rows = list(result.column_names), [tuple(r) for r in result.result_rows]
     if not columns and not rows:
@@ -135,7 +136,9 @@ def _columns_of(client: Any, sql: str, params: Mapping[str, str] | None) -> list
     return [row[0] for row in described.result_rows]
 
 
-def _one_line(exc: BaseException, limit: int | None = 600) -> str:
+def one_line(exc: BaseException, limit: int | None = 600) -> str:
+    """ClickHouse's error ``exc`` as one line: its reason, without the driver's prefix, the server
+    version, stack trace or URL; cut at ``limit`` characters (None: whole)."""
     text = str(exc)
     # Over HTTP the driver puts its own line first ("HTTPDriver for http://… received ClickHouse
     # error code 62"): ClickHouse's message starts at its "Code: NN." line.

@@ -140,11 +140,13 @@ def _where(run: str, attempt: int) -> tuple[str, dict[str, Any]]:
     return "run_id = {run:String} AND attempt = {attempt:UInt32}", {"run": run, "attempt": attempt}
 
 
-def _n(count: int, one: str, many: str = "") -> str:
+def counted(count: int, one: str, many: str = "") -> str:
+    """``3 samples``, ``1 sample``: ``many`` defaults to ``one`` + s."""
     return f"{count} {one if count == 1 else many or one + 's'}"
 
 
-def _label(sample: str | None) -> str:
+def sample_label(sample: str | None) -> str:
+    """How a sample id is shown; spans without one are grouped as NO_SAMPLE."""
     return NO_SAMPLE if sample is None else sample
 
 
@@ -177,14 +179,14 @@ def select(store: Store, run: str, attempt: int, step: int | None = None, sample
     names = [s for s, _ in samples]
     if sample is None:
         sample = names[0]
-        notes.append(f"sample {_label(sample)} (the first by id of the step's {_n(len(names), 'sample')}; "
+        notes.append(f"sample {sample_label(sample)} (the first by id of the step's {counted(len(names), 'sample')}; "
                      "choose another with --sample ID)")
     elif sample not in names:
-        listed = ", ".join(_label(s) for s in names[:SAMPLE_LIST_CAP])
+        listed = ", ".join(sample_label(s) for s in names[:SAMPLE_LIST_CAP])
         raise ValueError(f"step {step} of run {run} attempt {attempt} has no rollouts of sample {sample}; "
                          f"its samples: {listed}{' …' if len(names) > SAMPLE_LIST_CAP else ''}")
     trajectories, more = _trajectories(store, run, attempt, step, sample, cap)
-    note = f"Showing {'; '.join(notes)}." if notes else f"Step {step}, sample {_label(sample)}."
+    note = f"Showing {'; '.join(notes)}." if notes else f"Step {step}, sample {sample_label(sample)}."
     return Selection(step, sample, samples, note, trajectories, more)
 
 
