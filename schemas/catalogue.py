@@ -86,6 +86,43 @@ TABLES: dict[str, str] = {
     full_name("Alert"): "alerts",
 }
 
+# Each table's natural key: the columns of its ReplacingMergeTree ORDER BY as the migrations leave
+# it (sinks/migrations/*.sql, the latest one to set it), so the rows ClickHouse deduplicates. A key
+# part that is an expression of a column (placements: ifNull(hw_id, '')) is named by its column.
+# tests/unit/test_natural_keys.py checks these against the migrations.
+NATURAL_KEYS: dict[str, tuple[str, ...]] = {
+    "spans": ("project", "run_id", "attempt", "sequence_id", "span_id"),
+    "steps": ("project", "run_id", "attempt", "time_ns", "type", "writer_id", "sequence_id"),
+    "gpu_samples": ("hw_id", "time_ns"),
+    "placements": ("project", "run_id", "attempt", "role", "rank", "hw_id", "index", "time_ns"),
+    "grader_failures": ("project", "run_id", "attempt", "term", "cause", "window_start_ns"),
+    "grader_windows": ("project", "run_id", "attempt", "term", "window_start_ns"),
+    "step_stats": ("project", "run_id", "attempt", "step"),
+    "reward_histograms": ("project", "run_id", "attempt", "step", "term"),
+    "completion_length_histograms": ("project", "run_id", "attempt", "step"),
+    "alerts": ("rule", "key", "first_seen_ns", "state"),
+}
+
+# A key column filled from a record field of another name: table -> {column: field}. Empty today:
+# the sink fills each key column from the record field of the same name (the unit test checks
+# that every key column is a field of its record); a column renamed one day is mapped here.
+KEY_FIELDS: dict[str, dict[str, str]] = {}
+
+
+def record_key(record: str) -> tuple[str, ...]:
+    """The natural key of ``record``'s table (a full record name), as that record's field names."""
+    table = TABLES[record]
+    fields = KEY_FIELDS.get(table, {})
+    return tuple(fields.get(column, column) for column in NATURAL_KEYS[table])
+
+
+def topic_key(short: str) -> tuple[str, ...]:
+    """The natural key of the records on topic ``short``, which must carry one record type."""
+    records = BY_SHORT[short].records
+    if len(records) != 1:
+        raise ValueError(f"topic {short} carries {len(records)} record types, not one: ask record_key per record")
+    return record_key(records[0])
+
 # The streams app's Faust tables (their changelog topics are created up front, see schemas.topics).
 STREAM_TABLES = ("runs", "gpus")
 

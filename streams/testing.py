@@ -17,19 +17,15 @@ import copy
 import json
 from typing import Any
 
+from rlpulse.schemas.catalogue import DERIVED_TOPICS, topic_key
 from rlpulse.streams.runs import Output, RunConfig, RunProcessor
 from rlpulse.streams.stage import RunStage
 
 NS = 1_000_000_000
 
-# The natural key of each derived topic's rows, as the ClickHouse tables deduplicate them.
-NATURAL_KEYS = {
-    "grader-failures": ("project", "run_id", "attempt", "term", "cause", "window_start_ns"),
-    "grader-windows": ("project", "run_id", "attempt", "term", "window_start_ns"),
-    "step-stats": ("project", "run_id", "attempt", "step"),
-    "reward-histograms": ("project", "run_id", "attempt", "step", "term"),
-    "length-histograms": ("project", "run_id", "attempt", "step"),
-}
+# The natural key of each derived topic's rows (record field names), as the ClickHouse tables
+# deduplicate them: the catalogue's key of the topic's table.
+NATURAL_KEYS = {short: topic_key(short) for short in DERIVED_TOPICS}
 
 
 class Harness:
