@@ -1,5 +1,8 @@
 """Settings: flags, then ``RLPULSE_*`` environment variables, then defaults.
 
+The Kafka bootstrap has one step more before its default: the address of the broker the home
+started (``rlpulse services up`` records it in ``broker_address_file(home)``).
+
 One immutable :class:`Settings` object is built at the edge (CLI, test fixture) and passed
 down; nothing reads the environment behind the caller's back.
 """
@@ -69,6 +72,20 @@ def default_home(package_dir: Path | None = None, env: Mapping[str, str] | None 
     env = os.environ if env is None else env
     base = env.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "rlpulse"
+
+
+def broker_address_file(home: Path) -> Path:
+    """Where ``rlpulse services up`` records the bootstrap servers of the broker (or cluster) it
+    started from ``home`` (0600; ``services down`` removes it)."""
+    return home / "kafka" / "bootstrap"
+
+
+def recorded_bootstrap(home: Path) -> str | None:
+    """The bootstrap servers recorded in ``home`` by ``services up``; None when none is."""
+    try:
+        return broker_address_file(home).read_text().strip() or None
+    except OSError:
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +173,8 @@ class Settings:
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, **flags: object) -> "Settings":
-        """Build settings from ``flags`` (None values ignored), then ``env``, then defaults."""
+        """Build settings from ``flags`` (None values ignored), then ``env``, then defaults; the
+        bootstrap's default is the broker recorded in the home, if one is, else 127.0.0.1:9092."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}
         alerts: dict[str, object] = {}
@@ -176,6 +194,12 @@ class Settings:
         for field, value in flags.items():
             if value is not None:
                 values[field] = parse_duration(value) if field in _DURATION_FIELDS else value
+        if "kafka_bootstrap" not in values:
+            # One home, one address: the broker this home started, on whatever port it listens,
+            # comes before the default for a command given neither --bootstrap nor the variable.
+            recorded = recorded_bootstrap(Path(values.get("home") or default_home()))  # type: ignore[arg-type]
+            if recorded:
+                values["kafka_bootstrap"] = recorded
         settings = cls(**values)  # type: ignore[arg-type]
         if settings.partitions < 1:
             raise ValueError("RLPULSE_PARTITIONS must be at least 1")
