@@ -1,11 +1,14 @@
 """A local Kafka cluster of several KRaft nodes: ``rlpulse services up --brokers 3``.
 
 Every node is broker and controller in one JVM (combined mode, as the single broker of
-``rlpulse.services``), started from the same jars. The nodes form one controller quorum (a static
-``controller.quorum.voters`` naming all of them) and share one cluster id, formatted into each
-node's storage. Node k (1-based) listens for clients on P + 2(k-1) and for the quorum on the port
-above, P being RLPULSE_KAFKA_BOOTSTRAP's first port: 9092, 9094, 9096 (controllers 9093, 9095,
-9097) by default. Node k's config, data, pid file and log live in ``$RLPULSE_HOME/kafka/node-k``.
+``rlpulse.services``), started from the same jars (``rlpulse.kafka_jvm``, which this module and
+``rlpulse.services`` share; ``services`` imports this module, never the reverse). The nodes form
+one controller quorum (a static ``controller.quorum.voters`` naming all of them) and share one
+cluster id, formatted into each node's storage. Node k (1-based) listens for clients on P + 2(k-1)
+and for the quorum on the port above, P being the bootstrap's first port: 9092, 9094, 9096
+(controllers 9093, 9095, 9097) by default. Node k's config, data, pid file and log live in
+``$RLPULSE_HOME/kafka/node-k``; ``up`` records the nodes' bootstrap string in the home, as the
+single broker's address is.
 
 Replication is min(3, nodes) with ``min.insync.replicas=2`` from three up, for the brokers'
 own topics (committed offsets, transaction state) and, through ``schemas.topics.ensure_topics``,
@@ -19,7 +22,7 @@ import signal
 import time
 from pathlib import Path
 
-from rlpulse import kafka_jvm, services
+from rlpulse import kafka_jvm
 from rlpulse.kafka_jvm import ServicesError, say as _say
 from rlpulse.progress import Ticker
 from rlpulse.schemas.settings import Settings
@@ -35,7 +38,7 @@ def replication(size: int) -> tuple[int, int]:
 
 
 def node_dir(settings: Settings, node: int) -> Path:
-    return services._kafka_dir(settings) / f"node-{node}"
+    return kafka_jvm.kafka_dir(settings) / f"node-{node}"
 
 
 def ports(base: int, node: int) -> tuple[int, int]:
@@ -79,7 +82,7 @@ def node_properties(node: int, size: int, host: str, base: int, data: Path) -> s
 
 def formed_size(settings: Settings) -> int:
     """How many nodes the cluster formed in this home has (0: none was)."""
-    kdir = services._kafka_dir(settings)
+    kdir = kafka_jvm.kafka_dir(settings)
     return len(list(kdir.glob("node-*/server.properties"))) if kdir.is_dir() else 0
 
 
@@ -100,13 +103,13 @@ def running(settings: Settings) -> list[int]:
 
 def live_brokers(bootstrap_servers: str, timeout: float = 5.0) -> set[int]:
     """Ids of the brokers the cluster's metadata lists now (a fenced, dead broker is not listed)."""
-    return services.metadata_brokers(bootstrap_servers, timeout)
+    return kafka_jvm.metadata_brokers(bootstrap_servers, timeout)
 
 
 def _cluster_id(settings: Settings) -> str:
     """The id every node is formatted with, kept in ``kafka/cluster.id`` so a node added or
     re-formatted later joins the same cluster."""
-    path = services._kafka_dir(settings) / "cluster.id"
+    path = kafka_jvm.kafka_dir(settings) / "cluster.id"
     if not path.exists():
         kafka_jvm.write_private(path, kafka_jvm.new_cluster_id() + "\n")
     return path.read_text().strip()
@@ -115,8 +118,8 @@ def _cluster_id(settings: Settings) -> str:
 def start_node(settings: Settings, node: int, size: int) -> int:
     """Write node ``node``'s config, format its storage (once) and start it; its pid. Returns at
     once: a node alone does not answer until a majority of the quorum runs."""
-    host, base = services.host_port(settings.kafka_bootstrap)
-    libs = services.fetch_jars(settings)
+    host, base = kafka_jvm.host_port(settings.kafka_bootstrap)
+    libs = kafka_jvm.fetch_jars(settings)
     ndir = node_dir(settings, node)
     ndir.mkdir(mode=0o700, parents=True, exist_ok=True)
     server, data, log = ndir / "server.properties", ndir / "data", ndir / "broker.log"
@@ -129,7 +132,7 @@ def start_node(settings: Settings, node: int, size: int) -> int:
 def wait_brokers(settings: Settings, size: int, nodes: set[int], timeout: float = START_TIMEOUT) -> float:
     """Wait until the metadata lists every one of ``nodes``; seconds waited. ServicesError, with
     the log's tail, when a node's process exits or the time is up."""
-    host, base = services.host_port(settings.kafka_bootstrap)
+    host, base = kafka_jvm.host_port(settings.kafka_bootstrap)
     servers = bootstrap(host, base, size)
     started = time.monotonic()
     with Ticker(f"waiting for Kafka nodes {sorted(nodes)} to join the cluster at {servers}", say=_say):
@@ -147,44 +150,45 @@ def wait_brokers(settings: Settings, size: int, nodes: set[int], timeout: float 
 def up(settings: Settings, size: int) -> None:
     """Start every node of a ``size``-node cluster that does not run yet; return once all have joined."""
     if size < 2:
-        raise ValueError("a cluster has two nodes or more; the single broker is services.up")
-    host, base = services.host_port(settings.kafka_bootstrap)
+        raise ValueError("a cluster has two nodes or more; the single broker is rlpulse.services.up")
+    host, base = kafka_jvm.host_port(settings.kafka_bootstrap)
     formed = formed_size(settings)
-    kdir = services._kafka_dir(settings)
+    kdir = kafka_jvm.kafka_dir(settings)
     if formed and formed != size:
         raise ServicesError(f"the cluster under {kdir} was formed with {formed} nodes, not {size}: start it with "
                             f"--brokers {formed}, or remove {kdir}/node-* (its data) to form another")
-    if services.our_pid(settings) is not None:
+    if kafka_jvm.broker_pid(settings) is not None:
         raise ServicesError(f"the single broker rlpulse started from RLPULSE_HOME={settings.home} runs on "
                             f"{host}:{base}: `rlpulse services down` first")
-    if host not in services._LOCAL_HOSTS:
+    if host not in kafka_jvm.LOCAL_HOSTS:
         raise ServicesError(f"RLPULSE_KAFKA_BOOTSTRAP is {settings.kafka_bootstrap}: "
                             "`services up` only starts brokers on this machine (e.g. 127.0.0.1:9092)")
     missing = [n for n in range(1, size + 1) if node_pid(settings, n) is None]
     for node in missing:
         for port in ports(base, node):
-            if services.port_open(host, port):
+            if kafka_jvm.port_open(host, port):
                 raise ServicesError(f"{host}:{port} (Kafka node {node}) is already in use by a process not started "
                                     f"by rlpulse (RLPULSE_HOME={settings.home}). Stop it, or pick another first "
                                     "port with RLPULSE_KAFKA_BOOTSTRAP (the nodes take it and the next "
                                     f"{2 * size - 1})")
-    services._private_kafka_dir(settings)
+    kafka_jvm.private_kafka_dir(settings)
     for node in missing:
         (node_dir(settings, node) / "broker.pid").unlink(missing_ok=True)  # stale: that process is gone
         _say(f"started Kafka node {node} (pid {start_node(settings, node, size)}) on {host}:{ports(base, node)[0]}")
     waited = wait_brokers(settings, size, set(range(1, size + 1)))
     servers = bootstrap(host, base, size)
     factor, min_isr = replication(size)
-    _say(f"Kafka {services.KAFKA_VERSION} cluster of {size} up in {waited:.1f}s (logs: {kdir}/node-*/broker.log); "
+    _say(f"Kafka {kafka_jvm.KAFKA_VERSION} cluster of {size} up in {waited:.1f}s (logs: {kdir}/node-*/broker.log); "
          f"replication factor {factor}, min.insync.replicas {min_isr}")
-    _say(f"bootstrap: export RLPULSE_KAFKA_BOOTSTRAP={servers}")
+    kafka_jvm.record_address(settings, servers)  # bare commands with this home find the cluster
+    _say(f"bootstrap: {servers} (recorded in this home; elsewhere: export RLPULSE_KAFKA_BOOTSTRAP={servers})")
 
 
 def kill_node(settings: Settings, node: int, sig: int = signal.SIGKILL) -> int:
     """Send ``sig`` to node ``node`` (a crash, for the fault tests); its pid."""
     pid = node_pid(settings, node)
     if pid is None:
-        raise ServicesError(f"Kafka node {node} of the cluster under {services._kafka_dir(settings)} is not running")
+        raise ServicesError(f"Kafka node {node} of the cluster under {kafka_jvm.kafka_dir(settings)} is not running")
     os.kill(pid, sig)
     while sig == signal.SIGKILL and kafka_jvm.pid_alive(pid):
         time.sleep(0.05)
@@ -196,6 +200,7 @@ def down(settings: Settings) -> None:
     after kafka_jvm.STOP_TIMEOUT (the last nodes may find no quorum to shut down cleanly with)."""
     pids = {n: node_pid(settings, n) for n in range(1, formed_size(settings) + 1)}
     live = {n: pid for n, pid in pids.items() if pid is not None}
+    kafka_jvm.forget_address(settings)
     for n in pids:
         if n not in live:
             (node_dir(settings, n) / "broker.pid").unlink(missing_ok=True)
@@ -222,10 +227,11 @@ def down(settings: Settings) -> None:
 
 def status(settings: Settings) -> bool:
     """Print each node and what the cluster's metadata lists; True if every node runs and is listed."""
-    host, base = services.host_port(settings.kafka_bootstrap)
+    host, base = kafka_jvm.host_port(settings.kafka_bootstrap)
     size = formed_size(settings)
     _say(f"rlpulse home: {settings.home} (RLPULSE_HOME overrides it)")
-    _say(f"Kafka cluster of {size} nodes formed under {services._kafka_dir(settings)}")
+    _say(kafka_jvm.address_line(settings))
+    _say(f"Kafka cluster of {size} nodes formed under {kafka_jvm.kafka_dir(settings)}")
     servers = bootstrap(host, base, size)
     listed = live_brokers(servers, 3.0)
     for node in range(1, size + 1):

@@ -1,20 +1,37 @@
-"""One Kafka JVM from the jars: its log4j config, its storage formatted, started, recognised by
-its pid and stopped. The single broker (``rlpulse.services``) and each node of a local cluster
-(``rlpulse.cluster``) are such a JVM.
+"""One Kafka JVM from the jars: the jars fetched into the home, its log4j config, its storage
+formatted, started, recognised by its pid and stopped; and the probes that tell whether a broker
+answers. The single broker (``rlpulse.services``), each node of a local cluster
+(``rlpulse.cluster``) and the secure listeners' tools (``rlpulse.secure_broker``) build on this
+module and on nothing of one another's, so none of them imports another.
+
+The home's Kafka folder (``$RLPULSE_HOME/kafka``) holds the jars (``libs``), the single broker's
+config, data, pid file and log, a cluster's ``node-k`` folders, and the address of the broker the
+home started (``rlpulse.schemas.settings.broker_address_file``), which ``Settings.load`` takes as
+the default bootstrap.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hashlib
+import logging
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
-from rlpulse.schemas.files import PRIVATE_UMASK, private_file
+from rlpulse.progress import Ticker
+from rlpulse.schemas.files import PRIVATE_UMASK, private_dir, private_file
+from rlpulse.schemas.settings import Settings, broker_address_file, recorded_bootstrap
 
+KAFKA_VERSION = "3.9.1"
+POM = Path(__file__).parent / "kafka" / "pom.xml"
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})  # where `services up` may start brokers
 STOP_TIMEOUT = 30.0
 # Per JVM: a cluster's three nodes fit a small machine beside the pipeline.
 JVM_OPTS = ["-Xmx512m", "-Xms256m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
@@ -133,3 +150,148 @@ def stop(pid: int) -> bool:
     while pid_alive(pid):
         time.sleep(0.1)
     return False
+
+
+def kafka_dir(settings: Settings) -> Path:
+    """The home's Kafka folder, absolute: the broker runs with this folder as its cwd."""
+    return (settings.home / "kafka").absolute()
+
+
+def private_kafka_dir(settings: Settings) -> Path:
+    """The Kafka folder, created (or tightened) owner-only: its data is every run's telemetry."""
+    private_dir(settings.home)
+    return private_dir(kafka_dir(settings))
+
+
+def broker_pid_file(settings: Settings) -> Path:
+    """The single broker's pid file (a cluster's nodes keep theirs in ``node-k``)."""
+    return kafka_dir(settings) / "broker.pid"
+
+
+def broker_pid(settings: Settings) -> int | None:
+    """Pid of the single broker rlpulse started under ``settings.home``, if that process still runs."""
+    try:
+        pid = int(broker_pid_file(settings).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) and is_kafka_with(pid, kafka_dir(settings) / "server.properties") else None
+
+
+def record_address(settings: Settings, servers: str) -> Path:
+    """Record in the home the bootstrap servers of the broker (or cluster) it started: a bare
+    ``rlpulse`` run with this home then finds it on whatever port it listens (``Settings.load``)."""
+    private_kafka_dir(settings)
+    path = broker_address_file(settings.home)
+    write_private(path, servers + "\n")
+    return path
+
+
+def forget_address(settings: Settings) -> None:
+    """Remove the recorded address: the home's broker is stopped, so the default applies again."""
+    broker_address_file(settings.home).unlink(missing_ok=True)
+
+
+def address_line(settings: Settings) -> str:
+    """What ``services status`` says about the address it probes and where that address came from."""
+    recorded = recorded_bootstrap(settings.home)
+    if recorded == settings.kafka_bootstrap:
+        why = f"recorded in {broker_address_file(settings.home)} by `rlpulse services up`"
+    elif recorded:
+        why = f"from --bootstrap or the environment; this home's broker was recorded at {recorded}"
+    else:
+        why = "no broker recorded in this home: --bootstrap, the environment, else the default"
+    return f"broker address: {settings.kafka_bootstrap} ({why})"
+
+
+def host_port(bootstrap: str) -> tuple[str, int]:
+    """Host and port of the first entry of a bootstrap list such as ``127.0.0.1:9092,...``."""
+    first = bootstrap.split(",")[0].strip()
+    host, sep, port = first.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"bootstrap {bootstrap!r}: expected host:port, e.g. 127.0.0.1:9092")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    """True if something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def broker_answers(bootstrap: str, timeout: float = 5.0, **client_kwargs: object) -> bool:
+    """True if a Kafka broker at ``bootstrap`` answers a metadata request within ``timeout`` seconds.
+
+    ``client_kwargs``: security settings (``Settings.kafka_client_kwargs()`` less the bootstrap)."""
+    return bool(metadata_brokers(bootstrap, timeout, **client_kwargs))
+
+
+def metadata_brokers(bootstrap: str, timeout: float = 5.0, **client_kwargs: object) -> set[int]:
+    """Ids of the brokers the metadata at ``bootstrap`` lists now (a fenced, dead one is not
+    listed); empty when nothing answers within ``timeout`` seconds."""
+    from aiokafka.client import AIOKafkaClient
+
+    async def probe() -> set[int]:
+        client = AIOKafkaClient(**{**client_kwargs, "bootstrap_servers": bootstrap}, request_timeout_ms=int(timeout * 1000))
+        try:
+            await asyncio.wait_for(client.bootstrap(), timeout)
+            return {b.nodeId for b in client.cluster.brokers()}
+        except Exception:
+            return set()
+        finally:
+            await client.close()
+
+    quiet = logging.getLogger("aiokafka")  # a refused connection is an answer here, not an error
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        return asyncio.run(probe())
+    finally:
+        quiet.setLevel(level)
+
+
+def require_tools(*tools: str) -> None:
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if missing:
+        raise ServicesError(
+            f"{' and '.join(missing)} not found on PATH: the local Kafka broker needs Java 17+ and Maven "
+            "(Debian/Ubuntu: apt-get install openjdk-17-jre-headless maven; macOS: brew install openjdk@17 maven), "
+            "or run everything with `docker compose up`"
+        )
+
+
+def _jar_set_id() -> str:
+    """What the libs folder was fetched for: the Kafka version and a digest of the pom, so a changed
+    jar set (say a tool added to the pom) fetches again into a folder fetched before."""
+    return f"{KAFKA_VERSION} {hashlib.sha256(POM.read_bytes()).hexdigest()[:16]}"
+
+
+def fetch_jars(settings: Settings) -> Path:
+    """Fetch the Kafka jars into ``$RLPULSE_HOME/kafka/libs`` with ``mvn``, once per jar set; return that folder.
+
+    Jars already there are kept (mvn skips them), so this is safe while the broker runs from them.
+    """
+    libs = kafka_dir(settings) / "libs"
+    marker = libs / ".complete"
+    if marker.exists() and marker.read_text().strip() == _jar_set_id():
+        return libs
+    require_tools("java", "mvn")
+    say(f"fetching Kafka {KAFKA_VERSION} jars from Maven Central with mvn into {libs} ...")
+    started = time.monotonic()
+    private_kafka_dir(settings)
+    libs.mkdir(mode=0o700, exist_ok=True)
+    cmd = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", f"-DoutputDirectory={libs}"]
+    # A first fetch downloads ~100 MB into ~/.m2 and can take minutes: say it is still going.
+    with Ticker(f"fetching Kafka {KAFKA_VERSION} jars from Maven Central (first run)", say=say):
+        run = subprocess.run(cmd, capture_output=True, text=True, umask=PRIVATE_UMASK)
+    if run.returncode != 0:
+        tail = "\n".join((run.stdout + run.stderr).splitlines()[-20:])
+        raise ServicesError(f"mvn failed (exit {run.returncode}) fetching the Kafka jars:\n{tail}")
+    for jar in libs.iterdir():  # mvn copies ~/.m2's modes (0644): everything under the home is the owner's only
+        if jar.stat().st_mode & 0o077:
+            jar.chmod(0o600)
+    write_private(marker, _jar_set_id() + "\n")
+    say(f"fetched {len(list(libs.glob('*.jar')))} jars in {time.monotonic() - started:.0f}s")
+    return libs

@@ -4,7 +4,8 @@ client certificate (mTLS), opened beside its PLAINTEXT listener by ``services.up
 This is how the clients are tested against a broker that demands TLS and SASL
 (tests/integration/test_kafka_security.py; tests/kafka_tls.py makes the certificates with
 openssl). The controller and the broker's own traffic stay on PLAINTEXT, so SCRAM users are
-created through that listener with Kafka's own ConfigCommand.
+created through that listener with Kafka's own ConfigCommand. This module stands on
+``rlpulse.kafka_jvm`` only: ``services`` names :class:`TlsListeners` as a type, not the reverse.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from rlpulse import services
+from rlpulse import kafka_jvm
 from rlpulse.schemas.settings import Settings
 
 
@@ -67,8 +68,8 @@ def add_scram_user(settings: Settings, user: str, password: str, mechanism: str 
     """
     if not password or any(c in password for c in ",[]=\\\n\r"):
         raise ValueError("a SCRAM password for the local broker must be non-empty, without , [ ] = \\ or line breaks")
-    libs = services.fetch_jars(settings)
-    kdir = services._kafka_dir(settings)
+    libs = kafka_jvm.fetch_jars(settings)
+    kdir = kafka_jvm.kafka_dir(settings)
     secret = kdir / f"scram-{uuid.uuid4().hex}.properties"
     fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -83,4 +84,4 @@ def add_scram_user(settings: Settings, user: str, password: str, mechanism: str 
         secret.unlink(missing_ok=True)
     if run.returncode != 0:
         output = (run.stdout + run.stderr).replace(password, "***")
-        raise services.ServicesError(f"creating SCRAM user {user!r} failed (exit {run.returncode}):\n{output[-2000:]}")
+        raise kafka_jvm.ServicesError(f"creating SCRAM user {user!r} failed (exit {run.returncode}):\n{output[-2000:]}")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlpulse import services
+from rlpulse import kafka_jvm, services
 from rlpulse.schemas.settings import Settings
 
 pytestmark = [
@@ -77,7 +77,7 @@ def test_up_is_idempotent_and_down_stops_it(tmp_path: Path) -> None:
         assert "not running" in after.stdout
         assert "no Kafka broker answers" in after.stdout
         assert pid_in_file(tmp_path) is None
-        assert not services._pid_alive(pid)
+        assert not kafka_jvm.pid_alive(pid)
 
         again = cli(tmp_path, "down")
         assert again.returncode == 0 and "no broker started by rlpulse is running" in again.stdout
