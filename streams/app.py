@@ -1,4 +1,4 @@
-"""The Faust application: binds the processors to topics and tables, and nothing more.
+"""The Faust application: binds the worker to topics, tables and timers, and nothing more.
 
 * ``runs`` agent: ``spans``, ``steps`` and ``ticks``, co-partitioned by ``project/run_id``; every
   figure and alert of a run comes from :class:`streams.runs.RunProcessor`, its state one entry of
@@ -11,6 +11,9 @@
   rebalance alone takes ``broker_session_timeout``, and a run whose messages are still in Kafka
   is neither idle nor silent.
 
+What each event does (offsets, catch-up, ticks, publishing) is :class:`streams.worker.StreamsWorker`,
+which knows no Faust type; the adapters below give it Faust's consumer and topics.
+
 Processing is at-least-once (``concurrency=1``); replays are skipped by the sequence marks kept
 in each run's state, and Faust flushes its producer (outputs and changelog) before it commits.
 """
@@ -18,23 +21,20 @@ in each run's state, and Faust flushes its producer (outputs and changelog) befo
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import time
-from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Mapping
 
 import faust
 from faust.types import TP
 
+from rlpulse.schemas.catalogue import DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
 from rlpulse.schemas.files import private_dir
 from rlpulse.schemas.settings import Settings
-from rlpulse.schemas.catalogue import DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
-from rlpulse.schemas.codec import Codec
-from rlpulse.streams.commits import DropFault, ProcessedOffsets, TickWatch
-from rlpulse.streams.inputs import Inputs, read_range
-from rlpulse.streams.runs import Output, RunConfig, RunProcessor
+from rlpulse.streams.commits import DropFault, TopicPartition
+from rlpulse.streams.inputs import KafkaRanges
+from rlpulse.streams.runs import RunConfig, RunProcessor
 from rlpulse.streams.stage import HardwareStage, RunStage
+from rlpulse.streams.worker import Clock, Lane, StreamsWorker, SystemClock
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,47 @@ FAUST_TUNING: dict[str, Any] = {
 }
 
 
-def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> faust.App:
+class FaustTopics:
+    """Faust's topics as the worker's publisher (``streams.worker.Publisher``), by short name."""
+
+    def __init__(self, topics: Mapping[str, faust.TopicT]):
+        self.topics = topics
+
+    async def send(self, topic: str, key: bytes, value: bytes, partition: int | None = None) -> None:
+        await self.topics[topic].send(key=key, value=value, partition=partition)
+
+
+class FaustConsumer:
+    """Faust's consumer as the worker's ``streams.commits.ConsumerView``, partitions converted both
+    ways. The committed offsets and the commit itself are Faust's private parts: see streams.commits
+    for why this worker commits at all, through Faust's own path (producer flushed first)."""
+
+    def __init__(self, app: faust.App):
+        self.app = app
+
+    @property
+    def consumer(self) -> Any:
+        """Faust's consumer, read at each call (Faust builds it lazily); its abstract type lacks what is used here."""
+        return self.app.consumer
+
+    def committed(self, tp: TopicPartition) -> int | None:
+        return self.consumer._committed_offset.get(TP(*tp))  # noqa: SLF001 - see the class docstring
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self.consumer.highwater(TP(*tp))
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(*tp) for tp in self.consumer.assignment()}
+
+    async def commit_under_way(self) -> bool:
+        return bool(await self.consumer.maybe_wait_for_commit_to_finish())
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        await self.consumer._commit_offsets({TP(*tp): o for tp, o in offsets.items()})  # noqa: SLF001
+
+
+def create_app(settings: Settings, clock: Clock | None = None) -> faust.App:
+    clock = clock or SystemClock()
     datadir = private_dir(private_dir(settings.home / "faust") / settings.app_id)  # the owner's only, as the store
     app = faust.App(
         settings.app_id,
@@ -77,107 +117,52 @@ def create_app(settings: Settings, clock: Callable[[], int] = time.time_ns) -> f
         broker_commit_interval=settings.streams_commit_interval,
         **FAUST_TUNING,
     )
-    codec = Codec()
 
     def topic(*shorts: str) -> faust.TopicT:
         return app.topic(*(settings.topic(s) for s in shorts), key_type=bytes, value_type=bytes,
                          key_serializer="raw", value_serializer="raw", partitions=settings.partitions)
 
-    outputs = {short: topic(short) for short in DERIVED_TOPICS}
-    ticks = topic(TICKS_TOPIC)
-    runs = RunStage(RunProcessor(RunConfig.from_settings(settings), resumed_ns=clock()),
+    runs = RunStage(RunProcessor(RunConfig.from_settings(settings), resumed_ns=clock.wall_ns()),
                     app.Table("runs", default=None, partitions=settings.partitions))
     gpus = HardwareStage(settings.alerts, app.Table("gpus", default=None, partitions=settings.partitions))
-
-    async def publish(out: list[Output]) -> None:
-        """One container per (topic, key, record type); sent, not awaited: Faust flushes before committing."""
-        groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
-        for o in out:
-            groups[(o.topic, o.key, o.schema)].append(o.record)
-        for (short, key, schema), records in groups.items():
-            await outputs[short].send(key=key.encode(), value=codec.encode(schema, records))
-
-    inputs = Inputs(codec)
-    processed = ProcessedOffsets()
-    fault = DropFault.from_env(os.environ)
+    worker = StreamsWorker(
+        settings.topic_prefix, settings.partitions, runs, gpus, clock=clock,
+        publisher=FaustTopics({short: topic(short) for short in (*DERIVED_TOPICS, TICKS_TOPIC)}),
+        ranges=KafkaRanges(settings.kafka_client_kwargs), consumer=FaustConsumer(app),
+    )
+    fault = DropFault(settings.faults.drop_first)
     if fault.first:
         fault.install(app.consumer, {settings.topic(s) for s in RUN_TOPICS + HARDWARE_TOPICS if s != TICKS_TOPIC})
-    prefix_len = len(settings.topic_prefix) + 1
 
-    async def drive(stream: faust.StreamT, on_message: Callable[..., list[Output]],
-                    on_tick: Callable[[int, int, bytes], list[Output]], tracks_catch_up: bool = False) -> None:
-        """One agent's loop: a tick or a message in, the outputs published, the offset marked done.
-        ``tracks_catch_up``: this agent's inputs are the ones ``run_tick`` follows (and reads when stuck)."""
+    async def drive(stream: faust.StreamT, lane: Lane) -> None:
         async for event in stream.events():
-            msg, now = event.message, clock()
-            short = msg.topic[prefix_len:]
-            if short == TICKS_TOPIC:
-                await publish(on_tick(msg.partition, now, event.value))
-                for tp, first, end in processed.take_stuck() if tracks_catch_up else ():
-                    for offset, value in await read_range(settings.kafka_client_kwargs(), tp, first, end):
-                        await handle(tp.topic[prefix_len:], tp.topic, tp.partition, offset, value, on_message)
-                        processed.done_offset(tp, offset)
-            else:
-                first = processed.missed(app.consumer, msg)
-                if first is not None:  # offsets Faust never handed us: read them first, in order
-                    for offset, value in await read_range(settings.kafka_client_kwargs(), msg.tp, first, msg.offset):
-                        await handle(short, msg.topic, msg.partition, offset, value, on_message)
-                        processed.done_offset(msg.tp, offset)
-                await handle(short, msg.topic, msg.partition, msg.offset, event.value, on_message, now)
-            processed.done(msg)
-
-    async def handle(short: str, topic: str, partition: int, offset: int, value: bytes | None,
-                     on_message: Callable[..., list[Output]], now: int | None = None) -> None:
-        records = inputs.decode(short, value, f"{topic}[{partition}]@{offset}")
-        if records:
-            await publish(on_message(short, partition, records, clock() if now is None else now))
-
-    tick_watch = TickWatch()
-
-    def run_tick(partition: int, now: int, value: bytes) -> list[Output]:
-        sources = [TP(settings.topic(short), partition) for short in RUN_TOPICS if short != TICKS_TOPIC]
-        if tick_watch.cut_off(partition, TickWatch.sent(value), now):
-            processed.recheck(sources)  # events published while we were cut off may still be on their way
-        return runs.on_tick(partition, now, caught_up=processed.caught_up(app.consumer, sources, time.monotonic()))
+            msg = event.message
+            await worker.on_event(lane, TopicPartition(msg.topic, msg.partition), msg.offset, event.value)
 
     @app.agent(topic(*RUN_TOPICS), concurrency=1)
     async def run_agent(stream: faust.StreamT) -> None:
-        await drive(stream, runs.on_message, run_tick, tracks_catch_up=True)
+        await drive(stream, worker.runs)
 
     @app.agent(topic(*HARDWARE_TOPICS), concurrency=1)
     async def gpu_agent(stream: faust.StreamT) -> None:
-        await drive(stream, lambda short, partition, records, now: gpus.on_message(partition, records, now),
-                    lambda partition, now, value: gpus.on_tick(partition, now))
+        await drive(stream, worker.gpus)
 
     @app.timer(interval=TICK_INTERVAL_S)
     async def tick() -> None:
-        for partition in range(settings.partitions):
-            await ticks.send(key=b"tick", value=TickWatch.stamp(clock()), partition=partition)
-
-    throughput = {"at": time.monotonic(), "records": 0}
+        await worker.send_ticks()
 
     @app.timer(interval=10.0)
     async def report() -> None:
-        # One line every 10 s while records flow: what a person watching the worker wants to know.
-        p, now = runs.processor, time.monotonic()
-        records = p.applied - throughput["records"]
-        if records:
-            log.info("run processor: %d records in %.0fs (%.0f/s); %d replayed records skipped, %d missing "
-                     "(sequence gaps), %d refused by the input limits so far", records, now - throughput["at"],
-                     records / (now - throughput["at"]), p.duplicates, p.sequence_gaps,
-                     p.terms_refused + p.names_refused + p.runs_refused)
-        throughput.update(at=now, records=p.applied)
+        worker.report()
 
     # Twice Faust's interval: it only steps in where Faust's own commit did not move.
     @app.timer(interval=2 * settings.streams_commit_interval)
     async def commit_behind() -> None:
-        committed = await processed.commit_behind(app.consumer)
-        if committed:
-            log.info("committed %d partitions Faust had left behind", len(committed))
+        await worker.commit_behind()
 
-    @app.on_partitions_revoked.connect
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # mode's handler type wants no named argument
     async def on_revoked(app: faust.App, revoked: set, **kwargs: Any) -> None:
-        processed.forget(revoked)
+        worker.forget({TopicPartition(*tp) for tp in revoked})
 
     return app
 

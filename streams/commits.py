@@ -10,13 +10,14 @@ robinhood/faust #681: its acked-offset bookkeeping keeps a stale entry). The fig
 seen here after a worker restart. Every ``interval`` seconds this commits, for each assigned
 partition, the offset after the last message the agents finished, where Faust has committed
 less. It goes through Faust's own commit path (``_commit_offsets``: producer flushed first, so
-outputs and changelog are written before the offset moves), the one private call of the app.
+outputs and changelog are written before the offset moves), the one private call of the app;
+``streams.app`` adapts Faust's consumer to :class:`ConsumerView`, all this module sees of it.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,38 @@ STUCK_S = 30.0  # a catch-up with no progress for this long is given up (see Pro
 # Ticks are sent every 0.5 s; one this late (or after this long without one) means the worker was
 # cut off from the broker, or stalled: what was published meanwhile may not have reached it yet.
 TICK_LATE_S = 5.0
+
+
+class TopicPartition(NamedTuple):
+    """One partition of a topic (full name): the worker's own, equal to Faust's and aiokafka's."""
+
+    topic: str
+    partition: int
+
+
+class ConsumerView(Protocol):
+    """What :class:`ProcessedOffsets` reads of the group's consumer (Faust's, adapted in ``streams.app``)."""
+
+    def committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of ``tp`` as the consumer holds it; None for none yet
+        (Faust also keeps a committed 0 as None)."""
+        ...
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """The end of ``tp``'s log as the consumer's last fetch reported it; None before one.
+        May raise when ``tp`` is not assigned any more."""
+        ...
+
+    def assignment(self) -> set[TopicPartition]:
+        ...
+
+    async def commit_under_way(self) -> bool:
+        """True when the consumer was committing (and this waited for it to finish)."""
+        ...
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Commit ``offsets`` the way the consumer's own commits go (its producer flushed first)."""
+        ...
 
 
 class TickWatch:
@@ -61,24 +94,15 @@ class TickWatch:
 
 
 class DropFault:
-    """A fault injected on purpose for the tests: ``RLPULSE_FAULT_DROP_FIRST=N`` makes the consumer
+    """A fault injected on purpose for the tests: ``drop_first=N`` (``schemas.faults``) makes the consumer
     take the first N messages of each input partition as read without handing them to the agents.
     That is what faust-streaming 0.15.3 does now and then to a batch fetched while it restores its
     changelog (its drain loop records the offset although the flow was suspended and the message
     went nowhere; see :meth:`ProcessedOffsets.missed`), a race too rare to wait for in a test."""
 
-    ENV = "RLPULSE_FAULT_DROP_FIRST"
-
     def __init__(self, first: int = 0):
-        self.first = first
+        self.first = first  # Settings.faults.drop_first
         self._dropped: dict[Any, int] = {}
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> "DropFault":
-        raw = env.get(cls.ENV, "") or "0"
-        if not raw.isdigit():
-            raise ValueError(f"{cls.ENV}: expected a number of messages, got {raw!r}")
-        return cls(int(raw))
 
     def drops(self, message: Any) -> bool:
         """True for each of the first ``first`` messages of a partition (the drop is logged)."""
@@ -86,8 +110,8 @@ class DropFault:
         if not self.first or self._dropped.get(tp, 0) >= self.first:
             return False
         self._dropped[tp] = self._dropped.get(tp, 0) + 1
-        log.warning("%s: offset %d dropped on purpose (%s, a fault injected for the tests)", tp, message.offset,
-                    self.ENV)
+        log.warning("%s: offset %d dropped on purpose (the fault drop_first, injected for the tests)", tp,
+                    message.offset)
         return True
 
     def install(self, consumer: Any, topics: set[str]) -> None:
@@ -103,18 +127,19 @@ class DropFault:
 
 class ProcessedOffsets:
     def __init__(self) -> None:
-        self.positions: dict[Any, int] = {}  # TP -> offset after the last message processed here
-        # TP -> the end of the log when this worker got the partition: reached, it has caught up
-        self.targets: dict[Any, int] = {}
+        self.positions: dict[TopicPartition, int] = {}  # offset after the last message processed here
+        # the end of the log when this worker got the partition: reached, it has caught up
+        self.targets: dict[TopicPartition, int] = {}
         self._moving: dict[tuple, tuple] = {}  # TPs -> (their offsets processed, since when), while catching up
         self._read_stuck: set[tuple] = set()  # TPs whose stuck catch-up was read once (see caught_up)
-        self.stuck: dict[Any, tuple[int, int]] = {}  # TP -> (first, end): a range to read, see take_stuck
+        self.stuck: dict[TopicPartition, tuple[int, int]] = {}  # (first, end): a range to read, see take_stuck
 
-    def done(self, message: Any) -> None:
-        self.positions[message.tp] = max(self.positions.get(message.tp, 0), message.offset + 1)
+    def done(self, tp: TopicPartition, offset: int) -> None:
+        """``offset`` of ``tp`` processed (handed over by the consumer, or read by the caller, see :meth:`missed`)."""
+        self.positions[tp] = max(self.positions.get(tp, 0), offset + 1)
 
-    def missed(self, consumer: Any, message: Any) -> int | None:
-        """The first offset this worker never got when ``message`` comes after it; None when in order.
+    def missed(self, consumer: ConsumerView, tp: TopicPartition, offset: int) -> int | None:
+        """The first offset this worker never got when ``offset`` comes after it; None when in order.
 
         The raw topics' offsets are contiguous (an idempotent producer, no transactions, no
         compaction), so the first message after an assignment must be the group's committed
@@ -124,32 +149,27 @@ class ProcessedOffsets:
         offsets Faust filters them out as already seen (a window counted short, found by the
         streams-down fault test). The caller reads the offsets in between itself (a seek back
         through Faust's consumer races with its fetch loop the same way) and processes them
-        before ``message``; what comes twice is skipped by the sequence marks.
+        before ``offset``; what comes twice is skipped by the sequence marks.
         """
-        tp, offset = message.tp, message.offset
         expected = self.positions.get(tp)
         if expected is None:
             # The group's offset at assignment; Faust keeps a committed 0 as None, as it does "none
             # yet" (then the log's start: 0, unless retention moved it, and then reading from 0
             # starts at the log's start).
-            expected = consumer._committed_offset.get(tp) or 0  # noqa: SLF001
+            expected = consumer.committed(tp) or 0
         if offset > expected:
             log.warning("%s: offset %d came after %d, which this worker never got: reading offsets %d to %d",
                         tp, offset, expected, expected, offset - 1)
             return expected
         return None
 
-    def done_offset(self, tp: Any, offset: int) -> None:
-        """``offset`` of ``tp`` processed (read by the caller itself, see :meth:`missed`)."""
-        self.positions[tp] = max(self.positions.get(tp, 0), offset + 1)
-
-    def recheck(self, tps: list[Any]) -> None:
+    def recheck(self, tps: list[TopicPartition]) -> None:
         """Catch up on ``tps`` again, to the end of the log as the consumer sees it now (see TickWatch)."""
         for tp in tps:
             self.targets.pop(tp, None)
         self._read_stuck.discard(tuple(tps))
 
-    def forget(self, tps: set[Any]) -> None:
+    def forget(self, tps: set[TopicPartition]) -> None:
         """Partitions revoked: their positions belong to whoever gets them next."""
         for tp in tps:
             self.positions.pop(tp, None)
@@ -158,7 +178,7 @@ class ProcessedOffsets:
         self._moving.clear()
         self._read_stuck.clear()
 
-    def caught_up(self, consumer: Any, tps: list[Any], now_s: float) -> bool:
+    def caught_up(self, consumer: ConsumerView, tps: list[TopicPartition], now_s: float) -> bool:
         """True once every message that was in ``tps`` when this worker got them is processed.
 
         After a restart that is the uncommitted range and all that was published while no
@@ -185,8 +205,7 @@ class ProcessedOffsets:
                 fixed = True
         if fixed:
             return False
-        committed = consumer._committed_offset  # noqa: SLF001 - see the module docstring
-        done = {tp: self.positions.get(tp, committed.get(tp)) or 0 for tp in tps}
+        done = {tp: self.positions.get(tp, consumer.committed(tp)) or 0 for tp in tps}
         if all(done[tp] >= self.targets[tp] for tp in tps):
             return True
         key = tuple(tps)
@@ -210,20 +229,19 @@ class ProcessedOffsets:
             return True
         return False
 
-    def take_stuck(self) -> list[tuple[Any, int, int]]:
+    def take_stuck(self) -> list[tuple[TopicPartition, int, int]]:
         """(partition, first offset, end) of each range a stuck catch-up asks the caller to read."""
         out = [(tp, first, end) for tp, (first, end) in self.stuck.items()]
         self.stuck.clear()
         return out
 
-    async def commit_behind(self, consumer: Any) -> dict[Any, int]:
+    async def commit_behind(self, consumer: ConsumerView) -> dict[TopicPartition, int]:
         """Commit what Faust has not; returns what was committed here."""
-        if await consumer.maybe_wait_for_commit_to_finish():
+        if await consumer.commit_under_way():
             return {}
         assigned = consumer.assignment()
-        committed = consumer._committed_offset  # noqa: SLF001 - see the module docstring
         todo = {tp: offset for tp, offset in self.positions.items()
-                if tp in assigned and (committed.get(tp) or 0) < offset}
+                if tp in assigned and (consumer.committed(tp) or 0) < offset}
         if todo:
-            await consumer._commit_offsets(todo)  # noqa: SLF001 - see the module docstring
+            await consumer.commit(todo)
         return todo

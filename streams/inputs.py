@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from rlpulse.schemas.catalogue import BY_SHORT, SPANS_TOPIC
 from rlpulse.schemas.codec import Codec, DecodeError
@@ -39,6 +39,17 @@ class Inputs:
             self.skipped += 1
             log.exception("skipping message %s: the decoder failed on it (%d skipped so far)", where, self.skipped)
         return []
+
+
+class KafkaRanges:
+    """The worker's range reader (``streams.worker.RangeReader``) on the broker: :func:`read_range`
+    with the client settings of the moment (``Settings.kafka_client_kwargs``)."""
+
+    def __init__(self, client_kwargs: Callable[[], dict[str, Any]]):
+        self.client_kwargs = client_kwargs
+
+    async def read_range(self, tp: Any, first: int, end: int) -> list[tuple[int, bytes | None]]:
+        return await read_range(self.client_kwargs(), tp, first, end)
 
 
 async def read_range(client_kwargs: dict[str, Any], tp: Any, start: int, end: int,

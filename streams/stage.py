@@ -12,14 +12,26 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Any, MutableMapping
+from typing import Any, MutableMapping, Protocol
 
+from rlpulse.schemas.catalogue import ALERTS_TOPIC, run_key
 from rlpulse.schemas.settings import AlertThresholds
-from rlpulse.schemas.catalogue import run_key
 from rlpulse.streams.alerting import AlertBook, hardware, hardware_tick
 from rlpulse.streams.runs import Output, Run, RunProcessor, often
 
 log = logging.getLogger(__name__)
+
+
+class Stage(Protocol):
+    """What the worker (``streams.worker``) drives, for either agent: a message's records, or a tick."""
+
+    def on_message(self, topic: str, partition: int, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
+        """The records of one message of ``topic`` (a short name) on ``partition``; the outputs to publish."""
+        ...
+
+    def on_tick(self, partition: int, now_ns: int, caught_up: bool = True) -> list[Output]:
+        """Wall-clock work for the states of ``partition``; ``caught_up``: see :meth:`RunStage.on_tick`."""
+        ...
 
 
 class RunStage:
@@ -108,7 +120,8 @@ class HardwareStage:
         self.thresholds = thresholds
         self.table = table
 
-    def on_message(self, partition: int, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
+    def on_message(self, topic: str, partition: int, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
+        """Samples and placements of ``hardware`` (the only topic here)."""
         out: list[Output] = []
         states: dict[str, dict[str, Any]] = {}
         for sample in records:
@@ -123,13 +136,15 @@ class HardwareStage:
             # an episode's first_seen_ns is the sample's time: the same record if a replay fires it again
             alerts = hardware(AlertBook(state["alerts"]), state["gpu"], sample, self.thresholds, now_ns,
                               since_ns=sample["time_ns"])
-            out += [Output("alerts", a["key"], "Alert", a) for a in alerts]
+            out += [Output(ALERTS_TOPIC, a["key"], "Alert", a) for a in alerts]
         for hw_id, state in states.items():
             if state != self.table.get(hw_id):  # most samples change nothing: no changelog write for them
                 self.table[hw_id] = state
         return out
 
-    def on_tick(self, partition: int, now_ns: int) -> list[Output]:
+    def on_tick(self, partition: int, now_ns: int, caught_up: bool = True) -> list[Output]:
+        """XID alerts that have been quiet long enough resolve. ``caught_up`` is not consulted: the
+        worker follows catch-ups for the runs' inputs only, and always passes True here."""
         out: list[Output] = []
         for hw_id, value in list(self.table.items()):
             if not value or value["partition"] != partition:
@@ -138,5 +153,5 @@ class HardwareStage:
             alerts = hardware_tick(AlertBook(state["alerts"]), state["gpu"], self.thresholds, now_ns)
             if alerts:
                 self.table[hw_id] = state
-                out += [Output("alerts", a["key"], "Alert", a) for a in alerts]
+                out += [Output(ALERTS_TOPIC, a["key"], "Alert", a) for a in alerts]
         return out

@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaProducer
 
 from rlpulse.producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, lag, settings_env, wait_groups_ready
+from rlpulse.schemas.faults import Faults
 from rlpulse.schemas.settings import AlertThresholds, Settings
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.schemas.codec import Codec, load_schemas
@@ -232,7 +233,7 @@ def wait_processed(settings: Settings, shorts: tuple[str, ...], timeout: float =
 
 
 # "skipped offsets": the restarted worker is also handed the first message of each partition as
-# read without processing it (RLPULSE_FAULT_DROP_FIRST, a fault injected on purpose), as
+# read without processing it (the fault drop_first, injected on purpose: schemas.faults), as
 # faust-streaming 0.15.3 does now and then to a batch fetched while it restores its changelog: the
 # worker must notice the offsets it never got, seek back to them and count them.
 @pytest.mark.parametrize("fault", ["none", "skipped offsets"])
@@ -256,7 +257,7 @@ def test_figures_and_alerts_survive_a_sigkill_of_the_streams_worker_mid_window(s
             # The new worker starts at once, and gets the partitions only when the group gives up
             # on the dead one (session timeout, 10 s); its ticks are waiting by then, and so is
             # what this publishes meanwhile.
-            pipeline.start(("streams",), extra_env={"RLPULSE_FAULT_DROP_FIRST": "1"} if fault != "none" else None)
+            pipeline.start(("streams",), extra_env=Faults(drop_first=1).env() if fault != "none" else None)
             run_stalls(settings, stall_s=0.0)
             asyncio.run(publish_gpu(settings))
 
