@@ -1,15 +1,18 @@
-"""The default home (one per checkout, else the XDG data folder) and the progress ticker."""
+"""The default home (one per checkout, else the XDG data folder), the broker address it records,
+and the progress ticker."""
 
 from __future__ import annotations
 
+import stat
 import time
 from pathlib import Path
 
 import pytest
 
 import rlpulse
+from rlpulse import kafka_jvm
 from rlpulse.progress import Ticker, elapsed
-from rlpulse.schemas.settings import Settings, default_home, checkout_root
+from rlpulse.schemas.settings import Settings, broker_address_file, checkout_root, default_home, recorded_bootstrap
 
 
 def _checkout(tmp_path: Path, name: str = "rlpulse", makefile: bool = True) -> Path:
@@ -47,6 +50,43 @@ def test_this_checkout_and_the_override() -> None:
     assert Settings.load({}).home == here / ".rlpulse"  # the folder the Makefile's targets use
     assert Settings.load({"RLPULSE_HOME": "/tmp/other"}).home == Path("/tmp/other")
     assert Settings.load({}).clickhouse_dsn == f"chdb://{here / '.rlpulse' / 'clickhouse'}"
+
+
+def test_the_bootstrap_is_the_flag_then_the_variable_then_the_homes_broker_then_the_default(tmp_path: Path) -> None:
+    home = {"RLPULSE_HOME": str(tmp_path)}
+    assert Settings.load(home).kafka_bootstrap == "127.0.0.1:9092"  # nothing recorded
+    written = kafka_jvm.record_address(Settings(home=tmp_path), "127.0.0.1:29092")
+    assert written == broker_address_file(tmp_path) == tmp_path / "kafka" / "bootstrap"
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600
+    assert recorded_bootstrap(tmp_path) == "127.0.0.1:29092"
+    assert Settings.load(home).kafka_bootstrap == "127.0.0.1:29092"
+    assert Settings.load({}, home=tmp_path).kafka_bootstrap == "127.0.0.1:29092"  # a home given as a flag too
+    assert Settings.load({**home, "RLPULSE_KAFKA_BOOTSTRAP": "10.0.0.1:9092"}).kafka_bootstrap == "10.0.0.1:9092"
+    assert Settings.load({**home, "RLPULSE_KAFKA_BOOTSTRAP": "10.0.0.1:9092"},
+                         kafka_bootstrap="10.0.0.2:9092").kafka_bootstrap == "10.0.0.2:9092"
+    other = tmp_path / "other"
+    assert Settings.load({"RLPULSE_HOME": str(other)}).kafka_bootstrap == "127.0.0.1:9092"  # another home's own
+    kafka_jvm.forget_address(Settings(home=tmp_path))
+    assert recorded_bootstrap(tmp_path) is None
+    assert Settings.load(home).kafka_bootstrap == "127.0.0.1:9092"
+
+
+def test_a_cluster_is_recorded_with_every_node(tmp_path: Path) -> None:
+    kafka_jvm.record_address(Settings(home=tmp_path), "127.0.0.1:27100,127.0.0.1:27102,127.0.0.1:27104")
+    settings = Settings.load({"RLPULSE_HOME": str(tmp_path)})
+    assert settings.kafka_bootstrap == "127.0.0.1:27100,127.0.0.1:27102,127.0.0.1:27104"
+    assert kafka_jvm.host_port(settings.kafka_bootstrap) == ("127.0.0.1", 27100)
+
+
+def test_status_says_where_the_address_came_from(tmp_path: Path) -> None:
+    record = tmp_path / "kafka" / "bootstrap"
+    assert kafka_jvm.address_line(Settings(home=tmp_path)) == (
+        "broker address: 127.0.0.1:9092 (no broker recorded in this home: --bootstrap, the environment, else the default)")
+    kafka_jvm.record_address(Settings(home=tmp_path), "127.0.0.1:29092")
+    assert kafka_jvm.address_line(Settings.load({"RLPULSE_HOME": str(tmp_path)})) == (
+        f"broker address: 127.0.0.1:29092 (recorded in {record} by `rlpulse services up`)")
+    assert kafka_jvm.address_line(Settings.load({"RLPULSE_HOME": str(tmp_path)}, kafka_bootstrap="h:1")) == (
+        "broker address: h:1 (from --bootstrap or the environment; this home's broker was recorded at 127.0.0.1:29092)")
 
 
 @pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (8.9, "8s"), (59, "59s"), (60, "1m00s"), (125, "2m05s"),
