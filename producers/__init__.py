@@ -3,7 +3,6 @@
 ``import rlpulse.producers`` needs only aiokafka, fastavro and opentelemetry-sdk.
 """
 
-from rlpulse.producers.aio import AsyncTrainingTelemetry
-from rlpulse.producers.telemetry import TrainingTelemetry
+from rlpulse.producers.telemetry import AsyncTrainingTelemetry, TrainingTelemetry
 
 __all__ = ["AsyncTrainingTelemetry", "TrainingTelemetry"]

@@ -1,28 +1,58 @@
-"""The asyncio face of :class:`~producers.telemetry.TrainingTelemetry`, for agent frameworks.
+"""The asyncio face of a :class:`~rlpulse.producers.telemetry.TrainingTelemetry`, for agent frameworks.
 
 It shares the sync object's sender: the recording calls are coroutines that never await the
-network (they validate and enqueue, as the sync calls do); ``flush`` and ``close``
-wait for delivery in a worker thread, so the event loop keeps running meanwhile.
+network (they validate and enqueue, as the sync calls do); ``flush`` and ``close`` wait for
+delivery in a worker thread, so the event loop keeps running meanwhile.
+
+The public class is ``AsyncTrainingTelemetry`` (``rlpulse.producers``), which builds its sync
+object from the same arguments; it lives beside ``TrainingTelemetry`` so that this module needs
+only the calls it forwards (:class:`SyncTelemetry`) and the import arrows run one way:
+``telemetry`` -> ``aio``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
-from rlpulse.producers.telemetry import TrainingTelemetry
+from typing import Any, Protocol
 
 
-class AsyncTrainingTelemetry:
-    """``async with AsyncTrainingTelemetry(project=..., run_id=...) as tel: await tel.rollout(...)``.
+class SyncTelemetry(Protocol):
+    """The calls of ``TrainingTelemetry`` the async face forwards."""
 
-    Pass ``telemetry=`` to share an existing sync object (and its sender) instead.
-    """
+    @property
+    def dropped(self) -> int: ...
 
-    def __init__(self, *args: Any, telemetry: TrainingTelemetry | None = None, **kwargs: Any):
-        self.sync = telemetry or TrainingTelemetry(*args, **kwargs)
+    @property
+    def delivered(self) -> int: ...
 
-    async def __aenter__(self) -> "AsyncTrainingTelemetry":
+    def start(self) -> None: ...
+
+    def rollout(self, **kwargs: Any) -> None: ...
+
+    def grader(self, **kwargs: Any) -> None: ...
+
+    def step_completed(self, **kwargs: Any) -> None: ...
+
+    def heartbeat(self) -> None: ...
+
+    def publish_span(self, span: Any) -> bool: ...
+
+    def publish_hardware(self, record_type: str, key: str, record: Any) -> bool: ...
+
+    def flush(self, timeout: float = 30.0) -> int: ...
+
+    def close(self, timeout: float = 30.0) -> int: ...
+
+    def span_exporter(self) -> Any: ...
+
+
+class AsyncTelemetry:
+    """Coroutines over the sync telemetry ``sync``: ``async with face: await face.rollout(...)``."""
+
+    def __init__(self, sync: SyncTelemetry):
+        self.sync = sync
+
+    async def __aenter__(self) -> "AsyncTelemetry":
         self.sync.start()
         return self
 
@@ -61,5 +91,6 @@ class AsyncTrainingTelemetry:
     async def close(self, timeout: float = 30.0) -> int:
         return await asyncio.to_thread(self.sync.close, timeout)
 
-    def span_exporter(self):  # noqa: ANN201 - see TrainingTelemetry.span_exporter
+    def span_exporter(self) -> Any:
+        """The sync object's OpenTelemetry exporter (see ``TrainingTelemetry.span_exporter``)."""
         return self.sync.span_exporter()

@@ -12,10 +12,6 @@ import math
 import sys
 from typing import Any, Callable, Mapping
 
-GRADER_OUTCOMES = ("ok", "timeout", "unavailable", "unreadable", "ungradable")
-FAILURE_CAUSES = GRADER_OUTCOMES[1:]
-TRAINERS = ("rl", "sft")
-
 
 LONG_MAX = (1 << 63) - 1  # Avro long; an int beyond it cannot be encoded
 INT_MAX = (1 << 31) - 1  # Avro int

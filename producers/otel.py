@@ -31,17 +31,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-if TYPE_CHECKING:
-    from rlpulse.producers.telemetry import TrainingTelemetry
+from rlpulse.schemas.enums import SPAN_KIND_DEFAULT, SPAN_KINDS
 
 log = logging.getLogger(__name__)
 
-KINDS = ("ROLLOUT", "REWARD", "LLM", "TOOL", "GRADER", "ANNOTATION", "CUSTOM")
 MAX_TRACES = 10_000  # traces whose rollout id is remembered for late children
 REFUSED_LOG_INTERVAL_S = 10.0  # a stream of bad spans must not flood the job's log
 
@@ -57,8 +55,17 @@ def _number(value: Any) -> Any:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+class SpanWriter(Protocol):
+    """What the exporter publishes through: a ``TrainingTelemetry`` (this module does not import it;
+    ``TrainingTelemetry.span_exporter`` imports this one)."""
+
+    def publish_span(self, span: Mapping[str, Any]) -> bool: ...
+
+    def flush(self, timeout: float = 30.0) -> int: ...
+
+
 class RlpulseSpanExporter(SpanExporter):
-    def __init__(self, telemetry: "TrainingTelemetry"):
+    def __init__(self, telemetry: SpanWriter):
         self._tel = telemetry
         self._rollouts: OrderedDict[int, str] = OrderedDict()  # trace id -> rollout id
         self.refused = 0  # spans dropped because a value could not be published (a full buffer counts in telemetry.dropped)
@@ -89,7 +96,7 @@ class RlpulseSpanExporter(SpanExporter):
 
     def _record(self, span: ReadableSpan) -> dict[str, Any]:
         attrs = dict(span.attributes or {})
-        kind = str(attrs.get("rlpulse.kind", "CUSTOM")).upper()
+        kind = str(attrs.get("rlpulse.kind", SPAN_KIND_DEFAULT)).upper()
         step = _number(attrs.get("rlpulse.step"))
         if type(step) is float and step.is_integer():  # 4.0 is step 4; NaN, infinities and 4.5 are refused
             step = int(step)
@@ -100,7 +107,7 @@ class RlpulseSpanExporter(SpanExporter):
             "span_id": span.context.span_id.to_bytes(8, "big"),
             "parent_span_id": span.parent.span_id.to_bytes(8, "big") if span.parent else None,
             "name": span.name,
-            "kind": kind if kind in KINDS else "CUSTOM",
+            "kind": kind if kind in SPAN_KINDS else SPAN_KIND_DEFAULT,
             "start_time_ns": span.start_time or end,
             "end_time_ns": end,
             "status": span.status.status_code.name,

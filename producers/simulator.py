@@ -14,9 +14,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rlpulse.producers.events import FAILURE_CAUSES
 from rlpulse.producers.records import span_id, trace_id
 from rlpulse.producers.telemetry import TrainingTelemetry
+from rlpulse.schemas.enums import FAILURE_CAUSES
 from rlpulse.schemas.settings import Settings
 
 MAX_TOKENS = 1024

@@ -8,8 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from rlpulse.producers import events as v
-
-SPAN_KINDS = ("ROLLOUT", "REWARD", "LLM", "TOOL", "GRADER", "ANNOTATION", "CUSTOM")
+from rlpulse.schemas.enums import SPAN_KINDS
 # Encoded bytes of a span's fixed fields (ids, times, numbers, enum and union indexes), for
 # the too-large check; the variable ones (strings, maps) are added from their lengths.
 SPAN_ENCODED_BYTES = 160

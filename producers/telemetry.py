@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from rlpulse.producers import events as v
 from rlpulse.producers import process
+from rlpulse.producers.aio import AsyncTelemetry
 from rlpulse.producers.queue import (DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_QUEUED_BYTES, ROLLOUT_QUEUED_BYTES, SPANS,
                              STEP_QUEUED_BYTES, STEPS, Channel)
 from rlpulse.producers.records import SPAN_NULLS, Records
 from rlpulse.producers.sender import DEFAULT_BUFFER_BYTES, Outgoing, Sender, SenderConfig
 from rlpulse.producers.span_fields import SPAN_ENCODED_BYTES, span_fields
-from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.catalogue import run_key
+from rlpulse.schemas.enums import GRADER_OUTCOMES, TRAINERS
+from rlpulse.schemas.settings import Settings
 
-if TYPE_CHECKING:
-    from rlpulse.producers.aio import AsyncTrainingTelemetry
+if TYPE_CHECKING:  # imported when first asked for: OpenTelemetry's SDK is slow to import
     from rlpulse.producers.otel import RlpulseSpanExporter
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class TrainingTelemetry:
         if type(attempt) is not int or not 1 <= attempt <= v.INT_MAX:
             raise ValueError(f"attempt must be a positive integer (Avro int), got {attempt!r}")
         self.attempt = attempt
-        self.trainer = v.require_choice("trainer", trainer, v.TRAINERS)
+        self.trainer = v.require_choice("trainer", trainer, TRAINERS)
         self.stage = v.require_name("stage", stage, allow_empty=True)
         self.settings = settings or Settings.load()
         self.writer_id = os.urandom(8).hex()
@@ -170,8 +171,6 @@ class TrainingTelemetry:
     @property
     def aio(self) -> "AsyncTrainingTelemetry":
         """The asyncio face of this object, sharing its sender."""
-        from rlpulse.producers.aio import AsyncTrainingTelemetry
-
         return AsyncTrainingTelemetry(telemetry=self)
 
     # -- the calls a training loop makes -----------------------------------------------------
@@ -267,8 +266,8 @@ class TrainingTelemetry:
         new_term = type(term) is not str or term not in self._terms  # known terms were checked when first seen
         if new_term:
             v.require_name("term", term)
-        if type(outcome) is not str or outcome not in v.GRADER_OUTCOMES:
-            v.require_choice("outcome", outcome, v.GRADER_OUTCOMES)
+        if type(outcome) is not str or outcome not in GRADER_OUTCOMES:
+            v.require_choice("outcome", outcome, GRADER_OUTCOMES)
         if type(duration_s) is not float or not 0.0 <= duration_s <= 1e9:  # MAX_DURATION_S, a literal: no lookup
             duration_s = v.require_duration("duration_s", duration_s)
         if score is not None and (type(score) is not float or score - score):
@@ -380,3 +379,14 @@ class TrainingTelemetry:
     def _heartbeat_loop(self) -> None:
         while not self._stop_heartbeat.wait(self.settings.heartbeat_interval):
             self.heartbeat()
+
+
+class AsyncTrainingTelemetry(AsyncTelemetry):
+    """``async with AsyncTrainingTelemetry(project=..., run_id=...) as tel: await tel.rollout(...)``.
+
+    Takes ``TrainingTelemetry``'s arguments; pass ``telemetry=`` to share an existing sync object
+    (and its sender) instead. The coroutines are ``producers.aio``'s.
+    """
+
+    def __init__(self, *args: Any, telemetry: TrainingTelemetry | None = None, **kwargs: Any):
+        super().__init__(telemetry or TrainingTelemetry(*args, **kwargs))

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rlpulse.schemas.enums import FAILURE_CAUSES as CAUSES  # grader failure causes (seed 001)
 from rlpulse.streams.histograms import REWARD_BOUNDS, ExpHistogram, RewardHistogram
 
 NS = 1_000_000_000
-CAUSES = ("timeout", "unavailable", "unreadable", "ungradable")  # grader failure causes (seed 001)
 UNKNOWN_CAUSE = "unknown"  # an outcome outside the contract still counts as a failure, under this cause
 MAX_SAMPLES = 4096  # distinct sample ids kept per step; more are counted in samples_dropped, not kept
 MAX_TERMS = 64  # the SDK's cap on distinct reward terms per run; more are counted in terms_dropped
