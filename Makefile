@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # ignores it): rlpulse run from a checkout picks that home itself (rlpulse.schemas.files), so `make` and
 # a bare `.venv/bin/rlpulse` share one broker and one store. RLPULSE_HOME overrides it for both.
 
-.PHONY: demo test test-scale bench soak services-up services-down browser
+.PHONY: demo test test-all test-containers test-scale bench soak services-up services-down browser tools
 
 $(VENV)/.installed: pyproject.toml setup.py schemas/_blockdecode.pyx
 	python3 -m venv $(VENV)
@@ -22,18 +22,42 @@ services-down: $(VENV)/.installed
 demo: services-up
 	$(BIN)/rlpulse demo
 
-# The HTML report test renders the page in Debian's headless Chromium; install it where we may.
+# The HTML report tests render the page in Debian's headless Chromium; install it where we may.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
-		echo "chromium is not installed (needs root and apt): the HTML report test will be skipped"
+		echo "chromium is not installed (needs root and apt): the HTML report tests will be skipped"
 
-test: services-up browser
-	$(BIN)/python -m pytest -v -rs tests
+# Everything the full suite drives besides Python: chromium (browser) and tmux (the live view of
+# `rlpulse watch`). Missing, their tests skip; under CI=true they fail.
+tools: browser
+	@command -v tmux >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; } || \
+		echo "tmux is not installed (needs root and apt): the tests of the live watch view will be skipped"
+
+# PYTEST_ARGS: more pytest options, e.g. make test PYTEST_ARGS="-x -k pipeline".
+PYTEST := $(BIN)/python -m pytest -v -rs --durations=5
+
+# The fast tier, at most 6 minutes on 2 cores: unit tests, then every component through the real
+# broker and the real ClickHouse engine (SDK to broker, every figure and alert rule through
+# `rlpulse streams`, the sink and its dead letters, saved queries and the read endpoint, the alert
+# feed, the CLI's errors). Tests marked `full` (faults, scale, cluster, security, browser,
+# terminal) run in `make test-all`.
+test: services-up
+	$(PYTEST) -m "not full" $(PYTEST_ARGS) tests/unit tests/integration
+
+# Everything (CI runs it; under 30 minutes here).
+test-all: services-up tools
+	$(PYTEST) $(PYTEST_ARGS) tests/unit tests/integration
+
+# The integration tests again against Kafka and ClickHouse server containers (testcontainers;
+# needs a Docker engine), and the tests that need a ClickHouse server container of their own.
+test-containers: $(VENV)/.installed
+	$(PYTEST) --backend=containers $(PYTEST_ARGS) tests/integration
 
 # The scale-out tests alone (issue 12: three streams workers with one SIGKILLed and one added, two
 # sinks in one group), printing the partitions each worker held and the recovery times measured.
-# Each takes 2-3 minutes, so `make test` runs them too.
+# Each takes 2-3 minutes: `make test-all` runs them, `make test` does not.
 test-scale: services-up
 	$(BIN)/python -m pytest -v -rs -s tests/integration/test_scale_workers.py tests/integration/test_scale_sinks.py
 

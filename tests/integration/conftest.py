@@ -5,6 +5,11 @@
 * ``containers``: Kafka and ClickHouse server containers from testcontainers, where a Docker
   engine answers (skipped with that reason where none does).
 
+``--backend`` (``tests/conftest.py``) chooses: ``local`` by default, so a normal run has no
+containers variants to skip; ``make test-containers`` runs with ``--backend=containers``, which
+keeps the tests that take a backend and those marked ``containers`` (they need a Docker engine
+of their own, whatever the backend); ``--backend=all`` runs both.
+
 Every test gets its own topic prefix, so tests share a broker without seeing each other.
 """
 
@@ -25,6 +30,7 @@ import pytest
 from rlpulse import cluster, services
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.catalogue import SINK_TOPICS
+from tests.conftest import backends
 
 
 def _docker_answers() -> str | None:
@@ -38,7 +44,18 @@ def _docker_answers() -> str | None:
         return f"no Docker engine answers ({type(exc).__name__}); the testcontainers backend needs one"
 
 
-@pytest.fixture(scope="session", params=["local", "containers"])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test that takes ``backend`` runs once per backend ``--backend`` asks for (a test marked
+    ``containers`` only on the containers backend)."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    chosen = backends(metafunc.config)
+    if metafunc.definition.get_closest_marker("containers"):
+        chosen = ("containers",)  # deselected below unless --backend asks for it
+    metafunc.parametrize("backend", chosen, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
 def backend(request) -> Iterator[dict[str, str]]:
     """Connection settings of one backend: kafka_bootstrap and clickhouse_url ('' = chDB per test)."""
     if request.param == "local":

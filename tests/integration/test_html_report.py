@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rlpulse.sinks.clickhouse import migrate, open_store
+from tests.conftest import unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -148,7 +149,7 @@ def _chart(dom: str, name: str) -> str:
 
 def test_html_report_renders_every_chart(tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: apt-get install chromium (headless Chromium renders the page)")
+        unavailable(f"{CHROMIUM} is missing: apt-get install chromium, or make browser (headless Chromium renders the page)")
     store_url = f"chdb://{tmp_path / 'ch'}"
     expected = _seed(store_url)
     out = tmp_path / "report.html"

@@ -20,6 +20,7 @@ from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.clickhouse import migrate, open_store
+from tests.conftest import unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -171,7 +172,7 @@ def _table(dom: Node) -> list[tuple[str, ...]]:
 
 def test_trajectories_of_one_sample_in_headless_chromium(tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: apt-get install chromium (headless Chromium renders the page)")
+        unavailable(f"{CHROMIUM} is missing: apt-get install chromium, or make browser (headless Chromium renders the page)")
     store_url = f"chdb://{tmp_path / 'ch'}"
     _seed(store_url)
     out = tmp_path / "report.html"

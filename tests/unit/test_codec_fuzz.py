@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import rlpulse.schemas.codec as codec_module
 from rlpulse.schemas.codec import MAGIC, Codec, DecodeError, load_schemas, record_count
 from rlpulse.streams.runs import SPAN_FIELDS
+from tests.conftest import unavailable
 
 PATHS = ["c-extension", "fastavro"]
 # RLPULSE_FUZZ_EXAMPLES: more examples for a longer search than the test suite runs
@@ -30,7 +31,7 @@ def path(name: str):
     """Decode with the C extension (where it is built) or, as without it, with fastavro alone."""
     saved = codec_module.compile_schema
     if name == "c-extension" and saved is None:
-        pytest.skip("the C extension schemas._blockdecode is not built")
+        unavailable("the C extension rlpulse.schemas._blockdecode is not built (pip install -e . builds it)")
     codec_module.compile_schema = saved if name == "c-extension" else None
     try:
         yield

@@ -20,6 +20,7 @@ from rlpulse.schemas.codec import Codec, load_schemas
 from rlpulse.streams.inputs import Inputs
 from rlpulse.streams.runs import RunConfig
 from rlpulse.streams.testing import NS, Harness
+from tests.conftest import unavailable
 
 T0 = 1_700_000_000 * NS
 CONFIG = RunConfig(window_s=10, lateness_s=2, idle_s=5, retention_s=30, stall_after_s=20, silent_after_s=3)
@@ -32,7 +33,7 @@ def decoder(request, monkeypatch) -> Inputs:
     if request.param == "fastavro":
         monkeypatch.setattr(codec_module, "compile_schema", None)
     elif codec_module.compile_schema is None:
-        pytest.skip("the C extension schemas._blockdecode is not built")
+        unavailable("the C extension rlpulse.schemas._blockdecode is not built (pip install -e . builds it)")
     return Inputs(Codec())
 
 
