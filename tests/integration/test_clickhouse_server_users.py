@@ -18,6 +18,7 @@ from rlpulse.sinks.clickhouse import MIGRATIONS, migrate, open_store
 from tests.clickhouse_users import CONFIG_FILE, READER, SINK, USERS_FILE
 from tests.integration.conftest import _docker_answers
 
+pytestmark = [pytest.mark.integration, pytest.mark.containers]  # make test-containers runs it
 SINK_PASSWORD, READER_PASSWORD = "sink-test-pw", "reader-test-pw"
 STEPS = "project String, run_id String, step Int64, time_ns Int64"
 

@@ -141,6 +141,7 @@ def test_sigterm_during_a_retry_stops_within_10s_and_commits_nothing(settings: S
     print(f"SIGTERM during a retry: exit {code} in {took:.2f}s")
 
 
+@pytest.mark.containers  # the containers backend only (make test-containers)
 def test_a_server_that_stops_answering_pauses_the_sink_until_it_is_back(backend: dict, settings: Settings,
                                                                           tmp_path: Path) -> None:
     """The ClickHouse server container frozen (``docker pause``: it keeps its port and answers
