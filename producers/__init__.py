@@ -3,6 +3,7 @@
 ``import rlpulse.producers`` needs only aiokafka, fastavro and opentelemetry-sdk.
 """
 
+from rlpulse.producers.memory import InMemoryTransport
 from rlpulse.producers.telemetry import AsyncTrainingTelemetry, TrainingTelemetry
 
-__all__ = ["AsyncTrainingTelemetry", "TrainingTelemetry"]
+__all__ = ["AsyncTrainingTelemetry", "InMemoryTransport", "TrainingTelemetry"]

@@ -1,10 +1,12 @@
-"""Background sender: the bounded queue (``producers.queue``) drained to Kafka by one thread
-running the transport (``producers.transport``) on its own asyncio loop.
+"""Background sender: the bounded queue (``producers.queue``) drained by one thread through a
+transport (``producers.delivery.Transport``: Kafka by default, ``producers.transport``; or an
+``InMemoryTransport`` for tests and dry runs, ``producers.memory``) on its own asyncio loop.
 
 Callers never wait on the network. The sender sleeps until a batch's worth is queued, a
 linger timeout passes after the first event, or someone flushes; then it takes everything
-queued, encodes it into containers and delivers them. While the broker is down it retries with
-backoff and the queue's byte bound holds what waits.
+queued, encodes it into containers (``producers.containers``) and delivers them
+(``producers.delivery``). While the transport fails it retries with backoff and the queue's
+byte bound holds what waits.
 
 The thread runs while the sender is open. After ``close()`` (or in a process forked from one
 that had started it) the next event starts a thread again, which delivers what is queued and,
@@ -32,11 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from rlpulse.producers import process
+from rlpulse.producers.containers import BATCH_RECORDS, MAX_MESSAGE_BYTES, Container, Encoder
+from rlpulse.producers.delivery import Delivery, Transport
 from rlpulse.producers.events import Check, check_fields, queued_bytes, record_checks
 from rlpulse.producers.queue import UNSEQUENCED, Channel, EventQueue
-from rlpulse.producers.transport import BATCH_RECORDS, MAX_MESSAGE_BYTES, Container, KafkaTransport
-from rlpulse.schemas.settings import Settings
+from rlpulse.producers.transport import KafkaTransport
 from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -93,31 +97,28 @@ class _DaemonThreads(concurrent.futures.ThreadPoolExecutor):
 
 
 class Sender:
-    """Thread-safe: publish from any thread; one background thread sends."""
+    """Thread-safe: publish from any thread; one background thread sends through ``transport``
+    (a ``KafkaTransport`` for ``settings`` when none is given)."""
 
     def __init__(self, settings: Settings, codec: Codec | None = None, buffer_bytes: int | None = None,
-                 config: SenderConfig | None = None):
+                 config: SenderConfig | None = None, transport: Transport | None = None):
         config = config or SenderConfig()
         if buffer_bytes is not None:
             config = dataclasses.replace(config, buffer_bytes=buffer_bytes)
         self.config = config
         self.settings = settings
         self.codec = codec or Codec()
+        self.encoder = Encoder(self.codec, config.max_message_bytes, config.batch_records)
         self._checks: dict[str, dict[str, tuple[Check, bool]]] = {}
         self.queue = EventQueue(config.buffer_bytes, config.batch_records)
-        self.transport = self._new_transport()
+        self.transport: Transport = transport or KafkaTransport(
+            settings, max_message_bytes=config.max_message_bytes, linger_ms=config.producer_linger_ms)
+        self._delivery = Delivery(self.transport, self.encoder)
         self._fresh_thread_state()
         self._started = False  # start() was called: delivery is on (until then events only queue)
         self._closed = False  # close() was called: a thread started by a later event stops once the queue is empty
         self._pid = os.getpid()
         process.track(self)
-
-    def _new_transport(self, previous: KafkaTransport | None = None) -> KafkaTransport:
-        transport = KafkaTransport(self.settings, self.codec, max_message_bytes=self.config.max_message_bytes,
-                                   batch_records=self.config.batch_records, linger_ms=self.config.producer_linger_ms)
-        if previous is not None:
-            transport.adopt(previous)
-        return transport
 
     def _fresh_thread_state(self) -> None:
         """Locks, events and the thread handle: new in a forked child, never taken over from the parent."""
@@ -162,7 +163,7 @@ class Sender:
 
     def max_record_bytes(self, schema: str, key: str) -> int:
         """The largest encoded ``schema`` record under ``key`` that fits in one message."""
-        return self.transport.max_record_bytes(schema, key)
+        return self.encoder.max_record_bytes(schema, key)
 
     def check(self, schema: str, record: Mapping[str, Any], complete: bool = True) -> None:
         """Raise ValueError naming the field when ``record`` does not fit its Avro schema (NaN, infinity,
@@ -183,7 +184,7 @@ class Sender:
         record = dict(item.record)
         self.check(item.schema, record)
         # Encoding it once here gives the exact size (and catches what the checks do not know).
-        size = len(self.codec.encode(item.schema, [record])) - self.transport.header_bytes(item.schema)
+        size = len(self.codec.encode(item.schema, [record])) - self.encoder.header_bytes(item.schema)
         limit = self.max_record_bytes(item.schema, item.key)
         if size > limit:
             raise ValueError(f"{item.schema} record of {size} bytes can never fit in one Kafka message "
@@ -209,15 +210,15 @@ class Sender:
         Returns the thread's token (its abort event), or None when no thread could start.
         """
         abort = threading.Event()
-        transport = self._new_transport(self.transport)
-        thread = threading.Thread(target=self._thread_main, args=(transport, abort), name="rlpulse-sender",
+        delivery = Delivery(self.transport.renew(), self.encoder)
+        thread = threading.Thread(target=self._thread_main, args=(delivery, abort), name="rlpulse-sender",
                                   daemon=True)
         try:
             thread.start()
         except RuntimeError as exc:  # e.g. at interpreter shutdown: what is queued waits for the next try
             log.warning("telemetry sender thread could not start (%s); %d events wait", exc, self.queue.pending)
             return None
-        self._abort, self.transport, self._thread = abort, transport, thread
+        self._abort, self.transport, self._delivery, self._thread = abort, delivery.transport, delivery, thread
         process.on_sender_started()
         return abort
 
@@ -259,7 +260,7 @@ class Sender:
         self._closing.set()
         if undelivered:
             self._abort.set()  # what is left stays undelivered: do not retry past the caller's timeout
-            self._call_soon(self.transport.interrupt)
+            self._call_soon(self._delivery.interrupt)
         self._wake()
         thread = self._thread
         if thread is not None:
@@ -280,9 +281,10 @@ class Sender:
         if self._pid == os.getpid():
             return
         self._pid = os.getpid()
-        process.keep_inherited((self.queue, self.transport, self._loop, self._wakeup, self._thread))
+        process.keep_inherited((self.queue, self.transport, self._delivery, self._loop, self._wakeup, self._thread))
         self.queue = EventQueue(self.config.buffer_bytes, self.config.batch_records)
-        self.transport = self._new_transport(self.transport)
+        self.transport = self.transport.renew()
+        self._delivery = Delivery(self.transport, self.encoder)
         self._fresh_thread_state()
         if self._closed:
             self._closing.set()
@@ -298,29 +300,29 @@ class Sender:
         return buffered, self.close(left, join_timeout=min(left + 2.5, 15.0))
 
     # -- background thread -----------------------------------------------------------------
-    def _thread_main(self, transport: KafkaTransport, abort: threading.Event) -> None:
+    def _thread_main(self, delivery: Delivery, abort: threading.Event) -> None:
         try:
-            asyncio.run(self._run(transport, abort))
+            asyncio.run(self._run(delivery, abort))
         except Exception:  # never silently: flush() and close() notice the dead thread
             log.exception("telemetry sender stopped")
         finally:
             self.queue.release(abort)
             self.queue.notify()
 
-    async def _run(self, transport: KafkaTransport, abort: threading.Event) -> None:
+    async def _run(self, delivery: Delivery, abort: threading.Event) -> None:
         self._wakeup = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._loop.set_default_executor(_DaemonThreads())
         self.queue.set_waker(self._wake)
         try:
-            if await transport.start(abort.is_set):
-                await self._drain(transport, abort)
+            if await delivery.transport.start(abort.is_set):
+                await self._drain(delivery, abort)
         finally:
-            # Let the next event start another thread while this one stops its producer.
+            # Let the next event start another thread while this one closes its transport.
             self.queue.release(abort)
-            await transport.stop()
+            await delivery.transport.close()
 
-    async def _drain(self, transport: KafkaTransport, abort: threading.Event) -> None:
+    async def _drain(self, delivery: Delivery, abort: threading.Event) -> None:
         batch = self.config.batch_records
         while not abort.is_set():
             # Sleep until an event is queued (close() wakes it too; an empty queue has nothing
@@ -335,10 +337,10 @@ class Sender:
             self.queue.disarm()
             items = self.queue.take(batch * ROUND_BATCHES)
             if items:
-                containers, lost = transport.encode(items)
+                containers, lost = self.encoder.encode(items)
                 if lost:
                     self.queue.done(0, len(lost), sum(lost))
-                left = await transport.deliver(containers, self._delivered, abort.is_set)
+                left = await delivery.deliver(containers, self._delivered, abort.is_set)
                 if left:  # given up (close() timed out): back in front, for a later thread or count
                     self.queue.requeue([item for c in left for item in c.items])
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 from rlpulse.producers import events as v
 from rlpulse.producers import process
 from rlpulse.producers.aio import AsyncTelemetry
+from rlpulse.producers.delivery import Transport
 from rlpulse.producers.queue import (DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_QUEUED_BYTES, ROLLOUT_QUEUED_BYTES, SPANS,
                              STEP_QUEUED_BYTES, STEPS, Channel)
 from rlpulse.producers.records import SPAN_NULLS, Records
@@ -44,7 +45,8 @@ class TrainingTelemetry:
     writer: a random ``writer_id`` and its own sequence of ids for spans and for steps. Its copy
     in a forked child (a DataLoader worker) is a writer of its own; an interpreter that exits
     with it open delivers what it holds; an event after ``close()`` is still delivered (see
-    ``producers.process`` and ``_after_fork_in_child``).
+    ``producers.process`` and ``_after_fork_in_child``). Events go to Kafka (``settings``), or
+    through ``transport`` when one is given (``producers.memory.InMemoryTransport``: no broker).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class TrainingTelemetry:
         clock: Callable[[], int] = time.time_ns,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         sender_config: SenderConfig | None = None,
+        transport: Transport | None = None,
     ):
         self.project = v.require_name("project", project)
         self.run_id = v.require_name("run_id", run_id)
@@ -71,7 +74,7 @@ class TrainingTelemetry:
         self.key = run_key(self.project, self.run_id)
         self._clock = clock
         self._sender = Sender(self.settings, buffer_bytes=buffer_bytes if sender_config is None else None,
-                              config=sender_config)
+                              config=sender_config, transport=transport)
         self._put = self._sender.queue.put
         spans, steps = self.settings.topic("spans"), self.settings.topic("steps")
         identity = dict(project=self.project, run_id=self.run_id, attempt=attempt, stage=self.stage,

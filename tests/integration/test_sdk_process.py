@@ -87,7 +87,7 @@ def test_an_interpreter_exiting_with_its_telemetry_open_delivers_the_buffer(sett
     assert [r["sequence_id"] for r in spans] == list(range(1, n + 1))  # exactly N, each once, in order
     assert [r["rollout_id"] for r in spans[:2]] == ["r0", "r1"]
     assert [r["type"] for r in steps] == ["RUN_START"]  # no RUN_END: the SDK cannot tell an ending job from a dying one
-    delivered = re.search(r"INFO producers\.process: rlpulse: delivered the (\d+) telemetry events buffered at exit", log)
+    delivered = re.search(r"INFO rlpulse\.producers\.process: rlpulse: delivered the (\d+) telemetry events buffered at exit", log)
     assert delivered and 0 < int(delivered.group(1)) <= n + 1, log
     assert "not delivered" not in log
 
@@ -98,7 +98,7 @@ def test_an_interpreter_exiting_while_the_broker_is_unreachable_gives_up_in_boun
     _, log, elapsed = run_exiting_job(settings, n, exit_timeout=2.0, RLPULSE_KAFKA_BOOTSTRAP="127.0.0.1:9")
     print(f"exit with no broker: process lived {elapsed:.2f} s")
     assert elapsed < 2.0 + 8.0  # the bound, plus the interpreter's start and the producer's stop
-    assert (f"WARNING producers.process: rlpulse: {n + 1} of {n + 1} telemetry events buffered at exit were not "
+    assert (f"WARNING rlpulse.producers.process: rlpulse: {n + 1} of {n + 1} telemetry events buffered at exit were not "
             f"delivered within 2 s") in log, log
 
 
@@ -288,7 +288,7 @@ def test_events_a_close_could_not_deliver_go_out_with_the_next_flush(settings: S
         tel.rollout(step=0, rollout_id=f"r{i}", reward=0.5)
     assert tel.close(1.0) == 12  # RUN_START, 10 rollouts, RUN_END: kept, not dropped
     assert tel.pending == 12 and not tel.sender.running
-    tel.sender.settings = settings  # the broker is reachable again (here: at the address it always had)
+    tel.sender.transport.settings = settings  # the broker is reachable again (here: at the address it always had)
     assert tel.flush(30) == 0  # a thread starts again for what was left
     assert [r["rollout_id"] for r in records(settings, "spans")] == [f"r{i}" for i in range(10)]
     assert [r["type"] for r in records(settings, "steps")] == ["RUN_START", "RUN_END"]

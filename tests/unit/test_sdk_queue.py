@@ -111,7 +111,7 @@ def test_a_large_record_that_fits_is_accepted_and_encodes_below_the_limit():
     tel = make()
     tel.rollout(step=1, rollout_id="x", reward=0.5, attributes={f"k{i}": "é" * 30_000 for i in range(10)})  # 600 KB: near, not over
     [(_, _, record)] = tel.sender.queued_records()
-    containers, lost = tel.sender.transport.encode(tel.sender.queue.take(10))
+    containers, lost = tel.sender.encoder.encode(tel.sender.queue.take(10))
     assert not lost and len(containers) == 1 and len(containers[0].value) < 1024 * 1024
     assert Codec().decode(containers[0].value).records[0]["attributes"] == record["attributes"]
 
@@ -122,13 +122,13 @@ def test_message_limit_is_a_setting():
         tel.rollout(step=1, rollout_id="x", reward=0.5, attributes={"a": "s" * 60_000, "b": "s" * 10_000})
 
 
-def test_transport_groups_and_splits_by_count_and_bytes():
+def test_encoder_groups_and_splits_by_count_and_bytes():
     tel = make(sender_config=SenderConfig(max_message_bytes=64 * 1024, batch_records=100))
     for i in range(450):
         tel.rollout(step=i, rollout_id=f"r{i}", reward=0.5, attributes={"note": "n" * (500 if i % 7 == 0 else 5)})
         if i % 50 == 0:
             tel.heartbeat()
-    containers, lost = tel.sender.transport.encode(tel.sender.queue.take(10_000))
+    containers, lost = tel.sender.encoder.encode(tel.sender.queue.take(10_000))
     assert not lost
     spans = [c for c in containers if c.topic == "q.spans"]
     assert all(c.key == b"p/r" and len(c.value) + len(c.key) < 64 * 1024 for c in containers)
@@ -235,8 +235,8 @@ def test_a_record_that_does_not_encode_is_isolated_and_dropped_not_retried(caplo
         tel.publish_span(dict(span, step=i))
         if i == 3:  # a record the calls would refuse, as a bug in a builder would make it: queued directly
             tel.sender.queue.put(SPANS, tel._span_channel, dict(span, step="three"), 100)
-    with caplog.at_level(logging.ERROR, logger="rlpulse.producers.transport"):
-        containers, lost = tel.sender.transport.encode(tel.sender.queue.take(100))
+    with caplog.at_level(logging.ERROR, logger="rlpulse.producers.containers"):
+        containers, lost = tel.sender.encoder.encode(tel.sender.queue.take(100))
     records = [r for c in containers for r in Codec().decode(c.value).records]
     assert [r["step"] for r in records] == list(range(9)) and len(lost) == 1
     assert "could not be sent" in caplog.text and "step" in caplog.text
