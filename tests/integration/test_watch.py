@@ -24,6 +24,7 @@ from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.clickhouse import StoreBusyError, migrate, open_reader, open_store
 from rlpulse.sinks.watch import WatchSnapshot, render, snapshot
+from tests.conftest import unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -431,10 +432,11 @@ def _quit(tmux: TmuxWatch) -> None:
     assert "watch exited 0" in screen and "Traceback" not in screen, screen
 
 
-@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install tmux)")
 def test_watch_in_tmux_after_the_pipeline(settings: Settings, artifacts_dir: Path) -> None:
     """The store no one holds (the pipeline ran and stopped): the view shows the runs, then refreshes with
     a run written meanwhile, and quits on Ctrl-C with status 0."""
+    if TMUX is None:
+        unavailable("tmux is not installed (apt-get install tmux)")
     settings = _pipeline_settings(settings)
     ensure_topics(settings)
     with Pipeline(settings) as pipeline:
@@ -470,11 +472,12 @@ def test_watch_in_tmux_after_the_pipeline(settings: Settings, artifacts_dir: Pat
         tmux.close()
 
 
-@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (apt-get install tmux)")
 def test_watch_in_tmux_live_sink(settings: Settings, artifacts_dir: Path) -> None:
     """LIVE STORE CASE: watch while the sink holds the chDB store, through the sink's read endpoint
-    (open_reader). It skips itself while open_reader cannot reach a held store yet (issue 10's
-    read endpoint); once it can, it runs: the stalled run is seen STALLED live, then the end state."""
+    (open_reader): the stalled run is seen STALLED live, then the end state. A store open_reader
+    cannot read while the sink runs is a broken read endpoint: a failure, never a skip."""
+    if TMUX is None:
+        unavailable("tmux is not installed (apt-get install tmux)")
     settings = _pipeline_settings(settings)
     ensure_topics(settings)
     tmux = TmuxWatch(settings, "--interval", "1s")
@@ -482,12 +485,9 @@ def test_watch_in_tmux_live_sink(settings: Settings, artifacts_dir: Path) -> Non
         try:
             pipeline.start()
             wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
-            try:
-                open_reader(settings.clickhouse_dsn, owner="test").close()
-            except StoreBusyError as exc:
-                if not settings.clickhouse_dsn.startswith("chdb:"):
-                    raise
-                pytest.skip(f"open_reader cannot read a chDB store the sink holds yet (read endpoint): {exc}")
+            # the sink publishes its read endpoint right after it takes the store (find_endpoint
+            # gives it 5 s): a StoreBusyError here fails the test
+            open_reader(settings.clickhouse_dsn, owner="test").close()
             tmux.start()
             tmux.wait_for(lambda s: "no runs yet in" in s, 60, "the empty store's message")
             seen: list[str] = []
