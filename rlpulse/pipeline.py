@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -188,14 +189,24 @@ class Pipeline:
                 proc.kill()
                 proc.wait()
 
-    def wait_caught_up(self, closes_at_ns: int, timeout: float = 180.0, progress=lambda line: None) -> None:
+    def wait_caught_up(self, closes_at_ns: int = 0, timeout: float = 180.0, progress=lambda line: None,
+                       until: Callable[[], bool] | None = None) -> None:
         """Wait until every window that closes by ``closes_at_ns`` is emitted and everything is in ClickHouse.
 
         Caught up means: the wall clock is past ``closes_at_ns`` plus a second and a half; the
-        streams have committed every raw topic, and have stayed so for long enough that a run
-        gone idle was closed by the wall clock (twice the allowed lateness, plus two seconds for
-        the tick and the commit); then the sink has committed every topic it reads, twice in a
-        row half a second apart.
+        streams have committed every raw topic and the sink every topic it reads; and the runs'
+        windows are closed, which is known one of two ways:
+
+        * ``until``: the condition the caller waits for, e.g. "the expected rows are in ClickHouse"
+          (read through ``sinks.clickhouse.open_reader`` while the sink holds a chDB store). It is
+          asked once both groups are at lag 0 and must hold twice in a row, half a second apart.
+        * Without it (``rlpulse demo``, which cannot know its rows in advance): the streams stay at
+          lag 0 long enough that a run gone idle was closed by the wall clock (twice the allowed
+          lateness, plus two seconds for the tick and the commit), then the sink commits
+          everything twice in a row, half a second apart.
+
+        A run that ended (RUN_END from each writer, everything it numbered applied) is closed as
+        soon as its last message is processed; the idle wait is only for runs that just stop.
         """
         deadline = time.monotonic() + timeout
         idle_wait = max(2 * self.settings.allowed_lateness, 1.0) + 2.0
@@ -216,13 +227,17 @@ class Pipeline:
                     streams_done_since = None
                 elif streams_done_since is None:
                     streams_done_since = time.monotonic()
-                idle_closed = not self.running("streams") or (
-                    streams_done_since is not None and time.monotonic() - streams_done_since >= idle_wait)
-                settled = settled + 1 if streams_lag == 0 and sink_lag == 0 and idle_closed else 0
+                if until is not None:
+                    closed = streams_lag == 0 and sink_lag == 0 and until()
+                else:
+                    closed = not self.running("streams") or (
+                        streams_done_since is not None and time.monotonic() - streams_done_since >= idle_wait)
+                settled = settled + 1 if streams_lag == 0 and sink_lag == 0 and closed else 0
                 if settled >= 2:
                     return
             time.sleep(0.5)
-        raise TimeoutError(f"pipeline did not catch up in {timeout:.0f}s; logs in {self.log_dir}")
+        what = "and the condition waited for never held " if until is not None else ""
+        raise TimeoutError(f"pipeline did not catch up {what}in {timeout:.0f}s; logs in {self.log_dir}")
 
     def __enter__(self) -> "Pipeline":
         return self

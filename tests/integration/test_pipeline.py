@@ -9,7 +9,6 @@ offset leaves the same rows.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -19,6 +18,7 @@ from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics, read_topic
 from rlpulse.sinks.clickhouse import open_store
+from tests.integration import until
 
 pytestmark = pytest.mark.integration
 
@@ -81,11 +81,6 @@ async def _read_all(settings: Settings, short: str) -> list:
     return await read_topic(settings.kafka_client_kwargs(), settings.topic(short))
 
 
-def window_close_ns(settings: Settings) -> int:
-    size = int(settings.window * 1e9)
-    return (time.time_ns() // size + 1) * size + int(settings.allowed_lateness * 1e9)
-
-
 def snapshot(settings: Settings) -> dict:
     """Everything the test checks, read from ClickHouse with SQL."""
     with open_store(settings.clickhouse_dsn, owner="test") as store:
@@ -122,7 +117,9 @@ def test_sdk_to_clickhouse_exact_rows_failures_by_cause_dead_letter_and_replay(s
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         asyncio.run(_produce_raw(settings, "spans", b"bad", POISON))
         publish_workload(settings)
-        pipeline.wait_caught_up(window_close_ns(settings))
+        # every run ended (RUN_END), so its windows close as its last message is processed
+        pipeline.wait_caught_up(until=until.counts(settings, {
+            "spans": 17, "steps": 7, "SELECT sum(graded) FROM $db.grader_failures FINAL WHERE cause = 'timeout'": 11}))
         pipeline.stop()
 
     first = snapshot(settings)

@@ -1,0 +1,54 @@
+"""What a pipeline test waits for, read from ClickHouse: conditions for
+``Pipeline.wait_caught_up(until=...)``.
+
+They replace fixed quiet periods: the test waits exactly until the rows it will check are in,
+however fast or slow the machine. A chDB store is read only through the running sink's read
+endpoint: opened directly from the test, even for a moment, it would lock out a sink that is
+still starting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from rlpulse.schemas.settings import Settings
+from rlpulse.sinks.clickhouse import StoreBusyError, open_reader
+from rlpulse.sinks.read_endpoint import find_endpoint
+
+
+def query(settings: Settings, sql: str) -> list[tuple] | None:
+    """The rows of ``sql`` (``$db`` stands for the database), or None while the store cannot be
+    read yet (no sink holds it and serves reads)."""
+    dsn = settings.clickhouse_dsn
+    if dsn.startswith("chdb:") and find_endpoint(Path(urlsplit(dsn).path), wait=0) is None:
+        return None
+    try:
+        store = open_reader(dsn, owner="test waiting for rows")
+    except StoreBusyError:
+        return None
+    try:
+        return [tuple(r) for r in store.client.query(sql.replace("$db", store.database)).result_rows]
+    except Exception as exc:  # tables not migrated yet: the sink creates them at its start
+        if "UNKNOWN_TABLE" in str(exc) or "UNKNOWN_DATABASE" in str(exc):
+            return None
+        raise
+    finally:
+        store.close()
+
+
+def counts(settings: Settings, expected: dict[str, int]) -> Callable[[], bool]:
+    """A condition: each table (or ``SELECT count() ...`` with ``$db``) holds its number of rows,
+    counted FINAL (one row per key, as the tests read them)."""
+    def sql(what: str) -> str:
+        return what if " " in what else f"SELECT count() FROM $db.{what} FINAL"
+
+    def ready() -> bool:
+        return all(query(settings, sql(what)) == [(n,)] for what, n in expected.items())
+    return ready
+
+
+def rows(settings: Settings, sql: str, expected: list[tuple[Any, ...]]) -> Callable[[], bool]:
+    """A condition: ``sql`` answers exactly ``expected``."""
+    return lambda: query(settings, sql) == expected
