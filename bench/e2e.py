@@ -33,6 +33,7 @@ from bench.stats import median
 from bench.workload import LiveRuns, Message, Truth, WorkloadConfig, messages
 from rlpulse.pipeline import Pipeline
 from rlpulse.progress import Ticker
+from rlpulse.schemas import env as envvars
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.topics import ensure_topics
@@ -59,8 +60,8 @@ def bench_settings(base: Settings, config: E2EConfig, store: Path) -> Settings:
     """A prefix and a store of its own, short windows: nothing else on the broker is touched."""
     return dataclasses.replace(base, topic_prefix=f"bench{uuid.uuid4().hex[:8]}", clickhouse_url=f"chdb://{store}",
                                home=store.parent,  # the streams' Faust data dir too goes where the cleanup looks
-                               window=Settings.load({"RLPULSE_WINDOW": config.window}).window,
-                               allowed_lateness=Settings.load({"RLPULSE_ALLOWED_LATENESS": config.allowed_lateness}).allowed_lateness)
+                               window=Settings.load({envvars.WINDOW: config.window}).window,
+                               allowed_lateness=Settings.load({envvars.ALLOWED_LATENESS: config.allowed_lateness}).allowed_lateness)
 
 
 async def publish_backlog(settings: Settings, workload: WorkloadConfig, index: EventIndex, truth: Truth,

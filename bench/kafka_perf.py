@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 from bench.stats import median
 from rlpulse import services
+from rlpulse.schemas import env as envvars
 from rlpulse.schemas.settings import Settings
 
 JVM_OPTS = ["-Xmx512m", "-Xms128m", "-Djava.awt.headless=true"]
@@ -124,16 +125,16 @@ def _plain_pkcs8(path: str, password: str) -> str:
     if plain:
         return plain.group(0) + "\n"
     if "PRIVATE KEY-----" not in text:
-        raise PerfError(f"no private key in {path} (RLPULSE_KAFKA_SSL_KEYFILE): the Java tools need the client certificate's key")
+        raise PerfError(f"no private key in {path} ({envvars.KAFKA_SSL_KEYFILE}): the Java tools need the client certificate's key")
     if shutil.which("openssl") is None:
         raise PerfError("the client key is encrypted or not PKCS#8, which Kafka's Java PEM keystore cannot read: "
-                        "install openssl to convert it, or give RLPULSE_KAFKA_SSL_KEYFILE an unencrypted PKCS#8 key")
+                        f"install openssl to convert it, or give {envvars.KAFKA_SSL_KEYFILE} an unencrypted PKCS#8 key")
     run = subprocess.run(["openssl", "pkcs8", "-topk8", "-nocrypt", "-in", path, "-passin", "stdin"],
                          input=password + "\n", capture_output=True, text=True, timeout=30)
     key = _PLAIN_KEY.search(run.stdout) if run.returncode == 0 else None
     if key is None:
         why = next((line for line in run.stderr.splitlines() if "could not" in line.lower()), f"exit {run.returncode}")
-        raise PerfError(f"openssl could not read the client key {path} with RLPULSE_KAFKA_SSL_KEY_PASSWORD ({why.strip()})")
+        raise PerfError(f"openssl could not read the client key {path} with {envvars.KAFKA_SSL_KEY_PASSWORD} ({why.strip()})")
     return key.group(0) + "\n"
 
 

@@ -35,6 +35,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from bench.e2e import delete_topics
 from bench.sink import span_records
+from rlpulse.schemas.env import BENCH_READ_PASSWORD
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.topics import ensure_topics
@@ -58,7 +59,7 @@ def reader(port: int, seconds: float, threads: int) -> None:
 
     def loop(i: int) -> None:
         client = clickhouse_connect.get_client(host="127.0.0.1", port=port, send_receive_timeout=120, username="rlpulse",
-                                               password=os.environ["RLPULSE_BENCH_READ_PASSWORD"])
+                                               password=os.environ[BENCH_READ_PASSWORD])
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             started = time.monotonic()
@@ -175,7 +176,7 @@ def main() -> int:
             migrate(store)
             with serve_reads(store, port=0) as endpoint:
                 assert endpoint is not None
-                os.environ["RLPULSE_BENCH_READ_PASSWORD"] = endpoint.password  # the reader child's, never its argv
+                os.environ[BENCH_READ_PASSWORD] = endpoint.password  # the reader child's, never its argv
                 figures = asyncio.run(measure(settings, store, endpoint.address[1], args.seconds, args.rate,
                                               args.per_message, args.threads))
                 limits = endpoint.engine.limits

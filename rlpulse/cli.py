@@ -8,12 +8,13 @@ import os
 import sys
 
 from rlpulse import commands
+from rlpulse.schemas import env as envvars
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka bootstrap servers (RLPULSE_KAFKA_BOOTSTRAP)")
-    parser.add_argument("--clickhouse-url", dest="clickhouse_url", help="chdb:///path or http://user:pass@host:8123/db (RLPULSE_CLICKHOUSE_URL)")
-    parser.add_argument("--topic-prefix", dest="topic_prefix", help="prefix of every topic name (RLPULSE_TOPIC_PREFIX)")
+    parser.add_argument("--bootstrap", dest="kafka_bootstrap", help=f"Kafka bootstrap servers ({envvars.KAFKA_BOOTSTRAP})")
+    parser.add_argument("--clickhouse-url", dest="clickhouse_url", help=f"chdb:///path or http://user:pass@host:8123/db ({envvars.CLICKHOUSE_URL})")
+    parser.add_argument("--topic-prefix", dest="topic_prefix", help=f"prefix of every topic name ({envvars.TOPIC_PREFIX})")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -25,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument("--brokers", type=int, choices=[1, 3, 5], default=None,
                    help="up: a KRaft cluster of this many nodes on the bootstrap port and the ones after it, "
-                        "replication 3 (default: the cluster formed in RLPULSE_HOME, if any, else 1)")
+                        f"replication 3 (default: the cluster formed in {envvars.HOME}, if any, else 1)")
     _add_common(p)
     p.set_defaults(func=commands.cmd_services)
 
@@ -37,17 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-rows", type=int, default=5000, help="insert when this many rows are buffered")
     p.add_argument("--flush-interval", type=float, default=1.0, help="seconds between checkpoints")
     p.add_argument("--read-port", type=int, default=None, help="port of the read-only query endpoint on 127.0.0.1 "
-                   "(chDB store only; default RLPULSE_READ_PORT, else a free port, published in the store's 'endpoint' file)")
+                   f"(chDB store only; default {envvars.READ_PORT}, else a free port, published in the store's 'endpoint' file)")
     _add_common(p)
     p.set_defaults(func=commands.cmd_sink)
 
     p = sub.add_parser("migrate", help="create or upgrade the ClickHouse tables",
-                       description="Applies the migrations not applied yet. With RLPULSE_CLICKHOUSE_CLUSTER=name, "
+                       description=f"Applies the migrations not applied yet. With {envvars.CLICKHOUSE_CLUSTER}=name, "
                        "ON CLUSTER: replicated <table>_local parts and Distributed tables under the tables' names.")
     p.add_argument("--kafka-engine", action="store_true",
                    help="also create ClickHouse Kafka engine tables and materialized views that load the raw topics "
                    "(spans, steps, hardware) into their tables (a ClickHouse server only; then run the sinks with "
-                   "RLPULSE_SINK_RAW=0)")
+                   f"{envvars.SINK_RAW}=0)")
     p.add_argument("--kafka-engine-brokers", metavar="HOST:PORT,...",
                    help="the brokers as the ClickHouse server reaches them (default: --bootstrap)")
     p.add_argument("--kafka-engine-consumers", type=int, default=1, metavar="N",
@@ -107,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "alert transition, for the receiver to drop duplicates. Logs name only the webhook's "
                        "scheme and host.")
     p.add_argument("--webhook", help="POST each alert as JSON to this URL (retried with backoff; see --give-up-after). "
-                   "RLPULSE_ALERTS_WEBHOOK keeps the URL and its token out of the process list")
+                   f"{envvars.ALERTS_WEBHOOK} keeps the URL and its token out of the process list")
     p.add_argument("--group", help="consumer group whose committed offsets say where to resume (default <prefix>-alerts)")
     p.add_argument("--from-beginning", action="store_true",
                    help="a group with no committed offset starts at the beginning of the topic, not its end")
@@ -141,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_options = commands.bench_options()
     if bench_options is not None:
         bench_options.add_arguments(p)
-    p.add_argument("--bootstrap", dest="kafka_bootstrap", help="Kafka bootstrap servers (RLPULSE_KAFKA_BOOTSTRAP)")
+    p.add_argument("--bootstrap", dest="kafka_bootstrap", help=f"Kafka bootstrap servers ({envvars.KAFKA_BOOTSTRAP})")
     # topics and chDB stores are the benchmark's own, under fresh prefixes
     p.set_defaults(func=commands.cmd_bench, clickhouse_url=None, topic_prefix=None, verbose=False)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from rlpulse import kafka_jvm
 from rlpulse.kafka_jvm import ServicesError, say as _say
 from rlpulse.progress import Ticker
+from rlpulse.schemas import env as envvars
 from rlpulse.schemas.settings import Settings
 
 START_TIMEOUT = 120.0  # several JVMs starting at once on a small machine, then electing a controller
@@ -158,18 +159,18 @@ def up(settings: Settings, size: int) -> None:
         raise ServicesError(f"the cluster under {kdir} was formed with {formed} nodes, not {size}: start it with "
                             f"--brokers {formed}, or remove {kdir}/node-* (its data) to form another")
     if kafka_jvm.broker_pid(settings) is not None:
-        raise ServicesError(f"the single broker rlpulse started from RLPULSE_HOME={settings.home} runs on "
+        raise ServicesError(f"the single broker rlpulse started from {envvars.HOME}={settings.home} runs on "
                             f"{host}:{base}: `rlpulse services down` first")
     if host not in kafka_jvm.LOCAL_HOSTS:
-        raise ServicesError(f"RLPULSE_KAFKA_BOOTSTRAP is {settings.kafka_bootstrap}: "
+        raise ServicesError(f"{envvars.KAFKA_BOOTSTRAP} is {settings.kafka_bootstrap}: "
                             "`services up` only starts brokers on this machine (e.g. 127.0.0.1:9092)")
     missing = [n for n in range(1, size + 1) if node_pid(settings, n) is None]
     for node in missing:
         for port in ports(base, node):
             if kafka_jvm.port_open(host, port):
                 raise ServicesError(f"{host}:{port} (Kafka node {node}) is already in use by a process not started "
-                                    f"by rlpulse (RLPULSE_HOME={settings.home}). Stop it, or pick another first "
-                                    "port with RLPULSE_KAFKA_BOOTSTRAP (the nodes take it and the next "
+                                    f"by rlpulse ({envvars.HOME}={settings.home}). Stop it, or pick another first "
+                                    f"port with {envvars.KAFKA_BOOTSTRAP} (the nodes take it and the next "
                                     f"{2 * size - 1})")
     kafka_jvm.private_kafka_dir(settings)
     for node in missing:
@@ -181,7 +182,7 @@ def up(settings: Settings, size: int) -> None:
     _say(f"Kafka {kafka_jvm.KAFKA_VERSION} cluster of {size} up in {waited:.1f}s (logs: {kdir}/node-*/broker.log); "
          f"replication factor {factor}, min.insync.replicas {min_isr}")
     kafka_jvm.record_address(settings, servers)  # bare commands with this home find the cluster
-    _say(f"bootstrap: {servers} (recorded in this home; elsewhere: export RLPULSE_KAFKA_BOOTSTRAP={servers})")
+    _say(f"bootstrap: {servers} (recorded in this home; elsewhere: export {envvars.KAFKA_BOOTSTRAP}={servers})")
 
 
 def kill_node(settings: Settings, node: int, sig: int = signal.SIGKILL) -> int:
@@ -205,7 +206,7 @@ def down(settings: Settings) -> None:
         if n not in live:
             (node_dir(settings, n) / "broker.pid").unlink(missing_ok=True)
     if not live:
-        _say(f"no Kafka node started by rlpulse is running (RLPULSE_HOME={settings.home})")
+        _say(f"no Kafka node started by rlpulse is running ({envvars.HOME}={settings.home})")
         return
     started = time.monotonic()
     for pid in live.values():
@@ -229,7 +230,7 @@ def status(settings: Settings) -> bool:
     """Print each node and what the cluster's metadata lists; True if every node runs and is listed."""
     host, base = kafka_jvm.host_port(settings.kafka_bootstrap)
     size = formed_size(settings)
-    _say(f"rlpulse home: {settings.home} (RLPULSE_HOME overrides it)")
+    _say(f"rlpulse home: {settings.home} ({envvars.HOME} overrides it)")
     _say(kafka_jvm.address_line(settings))
     _say(f"Kafka cluster of {size} nodes formed under {kafka_jvm.kafka_dir(settings)}")
     servers = bootstrap(host, base, size)

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 
+from rlpulse.schemas import env as envvars
 from rlpulse.schemas.settings import Settings
 
 
@@ -75,7 +76,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
                 store.client.command(statement)
             print(f"Kafka engine: {', '.join(settings.topic(t) for t in kafka_engine.RAW_TOPICS)} load into "
                   f"{store.database} in group {engine.group} from {engine.broker_list}; errors in "
-                  f"{store.database}.{kafka_engine.ERRORS_TABLE}. Run the sinks with RLPULSE_SINK_RAW=0")
+                  f"{store.database}.{kafka_engine.ERRORS_TABLE}. Run the sinks with {envvars.SINK_RAW}=0")
     return 0
 
 
@@ -208,7 +209,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
     settings = settings_of(args)
     # The URL carries its token (Slack, Teams): from the environment it stays out of `ps`.
-    webhook = args.webhook or os.environ.get("RLPULSE_ALERTS_WEBHOOK") or None
+    webhook = args.webhook or os.environ.get(envvars.ALERTS_WEBHOOK) or None
     asyncio.run(serve_alerts(settings, webhook, args.from_beginning, args.once, group=args.group,
                              give_up_after_s=parse_duration(args.give_up_after), timeout_s=parse_duration(args.webhook_timeout)))
     return 0

@@ -28,38 +28,10 @@ STREAMS_TOPICS = RAW_TOPICS  # the streams' consumer group commits these (ticks 
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
-    """Environment that gives a child process these settings."""
-    env = dict(os.environ)
-    env.update({
-        "RLPULSE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "RLPULSE_CLICKHOUSE_URL": settings.clickhouse_dsn,
-        "RLPULSE_TOPIC_PREFIX": settings.topic_prefix,
-        "RLPULSE_HOME": str(settings.home),
-        "RLPULSE_PARTITIONS": str(settings.partitions),
-        "RLPULSE_WINDOW": f"{settings.window}s",
-        "RLPULSE_ALLOWED_LATENESS": f"{settings.allowed_lateness}s",
-        "RLPULSE_STALL_AFTER": f"{settings.stall_after}s",
-        "RLPULSE_SILENT_AFTER": f"{settings.silent_after}s",
-        "RLPULSE_HEARTBEAT_INTERVAL": f"{settings.heartbeat_interval}s",
-        "RLPULSE_STREAMS_COMMIT_INTERVAL": f"{settings.streams_commit_interval}s",
-        "RLPULSE_ALERT_GRADER_FAILURE_RATE": str(settings.alerts.grader_failure_rate),
-        "RLPULSE_ALERT_GRADER_MIN_GRADED": str(settings.alerts.grader_min_graded),
-        "RLPULSE_ALERT_CLIPPED_RISING_STEPS": str(settings.alerts.clipped_rising_steps),
-        "RLPULSE_ALERT_REWARD_ZERO_FRACTION": str(settings.alerts.reward_zero_fraction),
-        "RLPULSE_ALERT_XID_QUIET_AFTER": f"{settings.alerts.xid_quiet_after}s",
-        "RLPULSE_CLICKHOUSE_CLUSTER": settings.clickhouse_cluster,
-        "RLPULSE_SINK_RAW": "1" if settings.sink_raw else "0",
-        # Kafka security, the password included: the environment is the owner's only
-        "RLPULSE_KAFKA_SECURITY_PROTOCOL": settings.kafka_security_protocol,
-        "RLPULSE_KAFKA_SASL_MECHANISM": settings.kafka_sasl_mechanism,
-        "RLPULSE_KAFKA_SASL_USERNAME": settings.kafka_sasl_username,
-        "RLPULSE_KAFKA_SASL_PASSWORD": settings.kafka_sasl_password,
-        "RLPULSE_KAFKA_SSL_CAFILE": settings.kafka_ssl_cafile,
-        "RLPULSE_KAFKA_SSL_CERTFILE": settings.kafka_ssl_certfile,
-        "RLPULSE_KAFKA_SSL_KEYFILE": settings.kafka_ssl_keyfile,
-        "RLPULSE_KAFKA_SSL_KEY_PASSWORD": settings.kafka_ssl_key_password,
-    })
-    return env
+    """Environment that gives a child process these settings: this one's, with every setting's
+    variable set from ``settings`` (``Settings.env()``; the password included: the environment is
+    the owner's only)."""
+    return {**os.environ, **settings.env()}
 
 
 async def offsets_async(settings: Settings, group: str,

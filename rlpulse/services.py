@@ -27,6 +27,7 @@ from rlpulse.kafka_jvm import (KAFKA_VERSION, LOCAL_HOSTS, POM, STOP_TIMEOUT, Se
                                private_kafka_dir, record_address, require_tools, say, stop, write_log4j,
                                write_private)
 from rlpulse.progress import Ticker
+from rlpulse.schemas import env as envvars
 from rlpulse.schemas.settings import Settings, recorded_bootstrap
 
 if TYPE_CHECKING:  # only the type: secure_broker imports nothing of this module
@@ -83,8 +84,8 @@ def up(settings: Settings, tls: TlsListeners | None = None) -> None:
     pid = our_pid(settings)
     recorded = recorded_bootstrap(settings.home)
     if pid is not None and recorded and bootstrap not in recorded.split(","):
-        raise ServicesError(f"the broker rlpulse started from RLPULSE_HOME={settings.home} (pid {pid}) listens on "
-                            f"{recorded}, not {bootstrap}: leave out --bootstrap / RLPULSE_KAFKA_BOOTSTRAP, or "
+        raise ServicesError(f"the broker rlpulse started from {envvars.HOME}={settings.home} (pid {pid}) listens on "
+                            f"{recorded}, not {bootstrap}: leave out --bootstrap / {envvars.KAFKA_BOOTSTRAP}, or "
                             "`rlpulse services down` first")
     if pid is not None:
         deadline = time.monotonic() + START_TIMEOUT  # it may still be starting (a concurrent `up`)
@@ -98,14 +99,14 @@ def up(settings: Settings, tls: TlsListeners | None = None) -> None:
         say(f"Kafka {KAFKA_VERSION} broker already running on {bootstrap} (pid {pid}, log: {log})")
         return
     if host not in LOCAL_HOSTS:
-        raise ServicesError(f"RLPULSE_KAFKA_BOOTSTRAP is {settings.kafka_bootstrap}: "
+        raise ServicesError(f"{envvars.KAFKA_BOOTSTRAP} is {settings.kafka_bootstrap}: "
                             "`services up` only starts a broker on this machine (e.g. 127.0.0.1:9092)")
     for busy in (port, port + 1):
         if port_open(host, busy):
             what = "a Kafka broker" if busy == port and broker_answers(bootstrap, 3.0) else "another process"
             raise ServicesError(f"{host}:{busy} is already in use by {what} not started by rlpulse "
-                                f"(RLPULSE_HOME={settings.home}); not starting a second broker. "
-                                "Stop it, or pick another port with RLPULSE_KAFKA_BOOTSTRAP")
+                                f"({envvars.HOME}={settings.home}); not starting a second broker. "
+                                f"Stop it, or pick another port with {envvars.KAFKA_BOOTSTRAP}")
     broker_pid_file(settings).unlink(missing_ok=True)  # stale: that process is gone
     libs = fetch_jars(settings)
     require_tools("java")
@@ -137,7 +138,7 @@ def down(settings: Settings) -> None:
     forget_address(settings)
     if pid is None:
         broker_pid_file(settings).unlink(missing_ok=True)
-        say(f"no broker started by rlpulse is running (RLPULSE_HOME={settings.home})")
+        say(f"no broker started by rlpulse is running ({envvars.HOME}={settings.home})")
         return
     started = time.monotonic()
     clean = stop(pid)
@@ -151,19 +152,19 @@ def status(settings: Settings) -> bool:
     host, port = host_port(settings.kafka_bootstrap)
     bootstrap = f"{host}:{port}"
     pid = our_pid(settings)
-    say(f"rlpulse home: {settings.home} (RLPULSE_HOME overrides it)")
+    say(f"rlpulse home: {settings.home} ({envvars.HOME} overrides it)")
     say(address_line(settings))
     if pid is not None:
         say(f"broker started by rlpulse: running (pid {pid}, log: {_log_file(settings)})")
     elif broker_pid_file(settings).exists():
         say(f"broker started by rlpulse: not running (stale pid file {broker_pid_file(settings)})")
     else:
-        say(f"broker started by rlpulse: not running (RLPULSE_HOME={settings.home})")
+        say(f"broker started by rlpulse: not running ({envvars.HOME}={settings.home})")
     _refused(settings, 3.0)  # TLS or SASL refused: say why, not "no broker"
     answers = broker_answers(bootstrap, 3.0, **_security_kwargs(settings))
     say(f"{bootstrap}: {'a Kafka broker answers' if answers else 'no Kafka broker answers'}")
     if pid is None and (answers or port_open(host, port)):
-        say(f"note: {bootstrap} is served by a process rlpulse did not start from RLPULSE_HOME={settings.home}")
+        say(f"note: {bootstrap} is served by a process rlpulse did not start from {envvars.HOME}={settings.home}")
     elif not answers:
         say("start it with `rlpulse services up` (or `make services-up`)")
     return pid is not None and answers
@@ -189,7 +190,7 @@ def require_broker(settings: Settings, timeout: float = 10.0) -> None:
     if not broker_answers(settings.kafka_bootstrap, timeout, **_security_kwargs(settings)):
         raise ServicesError(f"no Kafka broker answers at {settings.kafka_bootstrap}. Start the local one with "
                             "`rlpulse services up` (or `make services-up`), or point --bootstrap / "
-                            "RLPULSE_KAFKA_BOOTSTRAP at yours")
+                            f"{envvars.KAFKA_BOOTSTRAP} at yours")
 
 
 def main(settings: Settings, action: str, brokers: int | None = None) -> int:
@@ -202,7 +203,7 @@ def main(settings: Settings, action: str, brokers: int | None = None) -> int:
             cluster.up(settings, brokers or formed)
         elif action == "up":
             if cluster.running(settings):
-                raise ServicesError(f"the Kafka cluster rlpulse started from RLPULSE_HOME={settings.home} runs: "
+                raise ServicesError(f"the Kafka cluster rlpulse started from {envvars.HOME}={settings.home} runs: "
                                     "`rlpulse services down` first, or leave out --brokers 1")
             up(settings)
         elif action == "down":

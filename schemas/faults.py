@@ -22,7 +22,7 @@ import dataclasses
 import re
 from typing import Mapping
 
-FAULTS_ENV = "RLPULSE_FAULTS"
+from rlpulse.schemas.env import FAULTS as FAULTS_ENV  # the variable is named once, in env
 
 _INSERT_ERROR = re.compile(r"^\d+(:\d+)?$")
 

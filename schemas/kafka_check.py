@@ -16,6 +16,7 @@ from aiokafka.conn import create_conn
 from aiokafka.errors import (KafkaConnectionError, KafkaError, SaslAuthenticationFailed,
                              UnsupportedSaslMechanismError)
 
+from rlpulse.schemas import env as envvars
 from rlpulse.schemas.settings import Settings
 
 CHECK_TIMEOUT_S = 10.0
@@ -49,31 +50,31 @@ def _explain(exc: BaseException, where: str, s: Settings) -> ConnectionProblem:
     if isinstance(exc, SaslAuthenticationFailed):
         return ConnectionProblem(True, f"Kafka at {where} refused the credentials: SASL authentication of user "
                                  f"{s.kafka_sasl_username!r} with {s.kafka_sasl_mechanism} failed "
-                                 f"({exc.args[0] if exc.args else exc}). Check RLPULSE_KAFKA_SASL_USERNAME "
-                                 "and RLPULSE_KAFKA_SASL_PASSWORD")
+                                 f"({exc.args[0] if exc.args else exc}). Check {envvars.KAFKA_SASL_USERNAME} "
+                                 f"and {envvars.KAFKA_SASL_PASSWORD}")
     if isinstance(exc, UnsupportedSaslMechanismError):
         return ConnectionProblem(True, f"Kafka at {where} does not accept SASL mechanism {s.kafka_sasl_mechanism}: "
-                                 f"{exc.args[0] if exc.args else exc}. Set RLPULSE_KAFKA_SASL_MECHANISM to one it accepts")
+                                 f"{exc.args[0] if exc.args else exc}. Set {envvars.KAFKA_SASL_MECHANISM} to one it accepts")
     if isinstance(exc, ssl.SSLCertVerificationError):
         return ConnectionProblem(True, f"TLS to Kafka at {where} failed: the broker's certificate is not trusted "
-                                 f"({exc.verify_message}). Set RLPULSE_KAFKA_SSL_CAFILE to the CA that signed it")
+                                 f"({exc.verify_message}). Set {envvars.KAFKA_SSL_CAFILE} to the CA that signed it")
     if isinstance(exc, ssl.SSLError):
         reason = exc.reason or str(exc)
-        hint = ("the broker wants a client certificate: set RLPULSE_KAFKA_SSL_CERTFILE and RLPULSE_KAFKA_SSL_KEYFILE"
+        hint = (f"the broker wants a client certificate: set {envvars.KAFKA_SSL_CERTFILE} and {envvars.KAFKA_SSL_KEYFILE}"
                 if "CERTIFICATE_REQUIRED" in reason.upper() else
-                f"does the listener at {where} speak {protocol}? RLPULSE_KAFKA_SECURITY_PROTOCOL must match it")
+                f"does the listener at {where} speak {protocol}? {envvars.KAFKA_SECURITY_PROTOCOL} must match it")
         return ConnectionProblem(True, f"TLS to Kafka at {where} failed ({reason}): {hint}")
     if isinstance(exc, (KafkaConnectionError, ConnectionResetError)) and "SSL" in protocol and s.kafka_ssl_certfile == "":
         return ConnectionProblem(True, f"Kafka at {where} closed the TLS connection during the handshake: if the "
                                  "listener demands client certificates (ssl.client.auth=required), set "
-                                 "RLPULSE_KAFKA_SSL_CERTFILE and RLPULSE_KAFKA_SSL_KEYFILE; else check that the "
+                                 f"{envvars.KAFKA_SSL_CERTFILE} and {envvars.KAFKA_SSL_KEYFILE}; else check that the "
                                  f"listener speaks {protocol} ({exc})")
     if isinstance(exc, (KafkaConnectionError, asyncio.TimeoutError)) and protocol != "PLAINTEXT":
         return ConnectionProblem(True, f"Kafka at {where} did not complete the {protocol} handshake ({type(exc).__name__}"
                                  f"{': ' + str(exc) if str(exc) else ''}): check that the listener speaks {protocol}")
     if isinstance(exc, KafkaConnectionError) and protocol == "PLAINTEXT" and "closed" in str(exc):
         return ConnectionProblem(True, f"Kafka at {where} closed the connection: it may want TLS or SASL "
-                                 "(set RLPULSE_KAFKA_SECURITY_PROTOCOL and the credentials)")
+                                 f"(set {envvars.KAFKA_SECURITY_PROTOCOL} and the credentials)")
     return ConnectionProblem(False, f"no Kafka broker answers at {where} ({type(exc).__name__}: {exc})")
 
 

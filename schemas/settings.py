@@ -16,7 +16,8 @@ import ssl
 from pathlib import Path
 from typing import Mapping
 
-from rlpulse.schemas.faults import FAULTS_ENV, Faults
+from rlpulse.schemas import env as envvars
+from rlpulse.schemas.faults import Faults
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -138,37 +139,37 @@ class Settings:
     # Faults injected on purpose by the fault tests (schemas/faults.py); none unless RLPULSE_FAULTS says.
     faults: Faults = dataclasses.field(default_factory=Faults)
 
-    # Environment variable -> field, with the parser for its text.
+    # Environment variable (named in rlpulse.schemas.env) -> field, with the parser for its text.
     _ENV = {
-        "RLPULSE_KAFKA_BOOTSTRAP": ("kafka_bootstrap", str),
-        "RLPULSE_CLICKHOUSE_URL": ("clickhouse_url", str),
-        "RLPULSE_TOPIC_PREFIX": ("topic_prefix", str),
-        "RLPULSE_HOME": ("home", Path),
-        "RLPULSE_PARTITIONS": ("partitions", int),
-        "RLPULSE_WINDOW": ("window", parse_duration),
-        "RLPULSE_ALLOWED_LATENESS": ("allowed_lateness", parse_duration),
-        "RLPULSE_STALL_AFTER": ("stall_after", parse_duration),
-        "RLPULSE_SILENT_AFTER": ("silent_after", parse_duration),
-        "RLPULSE_HEARTBEAT_INTERVAL": ("heartbeat_interval", parse_duration),
-        "RLPULSE_STREAMS_COMMIT_INTERVAL": ("streams_commit_interval", parse_duration),
-        "RLPULSE_KAFKA_SECURITY_PROTOCOL": ("kafka_security_protocol", _upper),
-        "RLPULSE_KAFKA_SASL_MECHANISM": ("kafka_sasl_mechanism", _upper),
-        "RLPULSE_KAFKA_SASL_USERNAME": ("kafka_sasl_username", str),
-        "RLPULSE_KAFKA_SASL_PASSWORD": ("kafka_sasl_password", str),
-        "RLPULSE_KAFKA_SSL_CAFILE": ("kafka_ssl_cafile", str),
-        "RLPULSE_KAFKA_SSL_CERTFILE": ("kafka_ssl_certfile", str),
-        "RLPULSE_KAFKA_SSL_KEYFILE": ("kafka_ssl_keyfile", str),
-        "RLPULSE_KAFKA_SSL_KEY_PASSWORD": ("kafka_ssl_key_password", str),
-        "RLPULSE_TTL_RAW_DAYS": ("ttl_raw_days", int),
-        "RLPULSE_TTL_AGGREGATE_DAYS": ("ttl_aggregate_days", int),
-        "RLPULSE_CLICKHOUSE_CLUSTER": ("clickhouse_cluster", str),
-        "RLPULSE_SINK_RAW": ("sink_raw", _flag),
-        FAULTS_ENV: ("faults", Faults.parse),
-        "RLPULSE_ALERT_GRADER_FAILURE_RATE": ("alerts.grader_failure_rate", float),
-        "RLPULSE_ALERT_GRADER_MIN_GRADED": ("alerts.grader_min_graded", int),
-        "RLPULSE_ALERT_CLIPPED_RISING_STEPS": ("alerts.clipped_rising_steps", int),
-        "RLPULSE_ALERT_REWARD_ZERO_FRACTION": ("alerts.reward_zero_fraction", float),
-        "RLPULSE_ALERT_XID_QUIET_AFTER": ("alerts.xid_quiet_after", parse_duration),
+        envvars.KAFKA_BOOTSTRAP: ("kafka_bootstrap", str),
+        envvars.CLICKHOUSE_URL: ("clickhouse_url", str),
+        envvars.TOPIC_PREFIX: ("topic_prefix", str),
+        envvars.HOME: ("home", Path),
+        envvars.PARTITIONS: ("partitions", int),
+        envvars.WINDOW: ("window", parse_duration),
+        envvars.ALLOWED_LATENESS: ("allowed_lateness", parse_duration),
+        envvars.STALL_AFTER: ("stall_after", parse_duration),
+        envvars.SILENT_AFTER: ("silent_after", parse_duration),
+        envvars.HEARTBEAT_INTERVAL: ("heartbeat_interval", parse_duration),
+        envvars.STREAMS_COMMIT_INTERVAL: ("streams_commit_interval", parse_duration),
+        envvars.KAFKA_SECURITY_PROTOCOL: ("kafka_security_protocol", _upper),
+        envvars.KAFKA_SASL_MECHANISM: ("kafka_sasl_mechanism", _upper),
+        envvars.KAFKA_SASL_USERNAME: ("kafka_sasl_username", str),
+        envvars.KAFKA_SASL_PASSWORD: ("kafka_sasl_password", str),
+        envvars.KAFKA_SSL_CAFILE: ("kafka_ssl_cafile", str),
+        envvars.KAFKA_SSL_CERTFILE: ("kafka_ssl_certfile", str),
+        envvars.KAFKA_SSL_KEYFILE: ("kafka_ssl_keyfile", str),
+        envvars.KAFKA_SSL_KEY_PASSWORD: ("kafka_ssl_key_password", str),
+        envvars.TTL_RAW_DAYS: ("ttl_raw_days", int),
+        envvars.TTL_AGGREGATE_DAYS: ("ttl_aggregate_days", int),
+        envvars.CLICKHOUSE_CLUSTER: ("clickhouse_cluster", str),
+        envvars.SINK_RAW: ("sink_raw", _flag),
+        envvars.FAULTS: ("faults", Faults.parse),
+        envvars.ALERT_GRADER_FAILURE_RATE: ("alerts.grader_failure_rate", float),
+        envvars.ALERT_GRADER_MIN_GRADED: ("alerts.grader_min_graded", int),
+        envvars.ALERT_CLIPPED_RISING_STEPS: ("alerts.clipped_rising_steps", int),
+        envvars.ALERT_REWARD_ZERO_FRACTION: ("alerts.reward_zero_fraction", float),
+        envvars.ALERT_XID_QUIET_AFTER: ("alerts.xid_quiet_after", parse_duration),
     }
 
     @classmethod
@@ -202,11 +203,25 @@ class Settings:
                 values["kafka_bootstrap"] = recorded
         settings = cls(**values)  # type: ignore[arg-type]
         if settings.partitions < 1:
-            raise ValueError("RLPULSE_PARTITIONS must be at least 1")
+            raise ValueError(f"{envvars.PARTITIONS} must be at least 1")
         return settings
 
     def __post_init__(self) -> None:
         _check_kafka_security(self)
+
+    def env(self) -> dict[str, str]:
+        """The variables that give a child process these settings: every one of ``_ENV`` but the
+        faults, which a test switches on for the one process it names (``Faults.env()``). The store
+        is named in full (``clickhouse_dsn``) so the child opens this one; the passwords are
+        included (a process's environment is its owner's only)."""
+        out: dict[str, str] = {}
+        for var, (field, parse) in self._ENV.items():  # type: ignore[attr-defined]
+            if field == "faults":
+                continue
+            owner, _, name = field.rpartition(".")
+            value = self.clickhouse_dsn if field == "clickhouse_url" else getattr(self.alerts if owner else self, name)
+            out[var] = f"{value}s" if parse is parse_duration else ("1" if value else "0") if parse is _flag else str(value)
+        return out
 
     def topic(self, name: str) -> str:
         """Full topic name for a short name such as ``spans`` or ``dlq``."""
@@ -235,7 +250,7 @@ class Settings:
         try:
             context = ssl.create_default_context(cafile=self.kafka_ssl_cafile or None)
         except (ssl.SSLError, OSError) as exc:
-            raise ValueError(f"RLPULSE_KAFKA_SSL_CAFILE: cannot load CA certificates from {self.kafka_ssl_cafile}: "
+            raise ValueError(f"{envvars.KAFKA_SSL_CAFILE}: cannot load CA certificates from {self.kafka_ssl_cafile}: "
                              f"{_ssl_reason(exc)}") from None
         if self.kafka_ssl_certfile:
             try:
@@ -243,9 +258,9 @@ class Settings:
                                         password=self.kafka_ssl_key_password or None)
             except (ssl.SSLError, OSError) as exc:
                 raise ValueError(
-                    f"RLPULSE_KAFKA_SSL_CERTFILE/RLPULSE_KAFKA_SSL_KEYFILE: cannot load the client certificate "
+                    f"{envvars.KAFKA_SSL_CERTFILE}/{envvars.KAFKA_SSL_KEYFILE}: cannot load the client certificate "
                     f"{self.kafka_ssl_certfile} with key {self.kafka_ssl_keyfile or '(in the same file)'}: "
-                    f"{_ssl_reason(exc)} (a wrong or missing RLPULSE_KAFKA_SSL_KEY_PASSWORD reads so too)") from None
+                    f"{_ssl_reason(exc)} (a wrong or missing {envvars.KAFKA_SSL_KEY_PASSWORD} reads so too)") from None
         return context
 
     def kafka_client_kwargs(self) -> dict[str, object]:
@@ -278,28 +293,29 @@ def _check_kafka_security(s: Settings) -> None:
     work: without this an aiokafka client would connect with no credentials while Faust used PLAIN."""
     protocol = s.kafka_security_protocol
     if protocol not in KAFKA_PROTOCOLS:
-        raise ValueError(f"RLPULSE_KAFKA_SECURITY_PROTOCOL: {protocol!r} is not one of {', '.join(KAFKA_PROTOCOLS)}")
+        raise ValueError(f"{envvars.KAFKA_SECURITY_PROTOCOL}: {protocol!r} is not one of {', '.join(KAFKA_PROTOCOLS)}")
     if protocol.startswith("SASL_"):
         if s.kafka_sasl_mechanism not in SASL_MECHANISMS:
             got = f"is {s.kafka_sasl_mechanism!r}" if s.kafka_sasl_mechanism else "is not set"
-            raise ValueError(f"RLPULSE_KAFKA_SASL_MECHANISM {got}: {protocol} needs one of {', '.join(SASL_MECHANISMS)}")
-        for var, value in (("RLPULSE_KAFKA_SASL_USERNAME", s.kafka_sasl_username),
-                           ("RLPULSE_KAFKA_SASL_PASSWORD", s.kafka_sasl_password)):
+            raise ValueError(f"{envvars.KAFKA_SASL_MECHANISM} {got}: {protocol} needs one of {', '.join(SASL_MECHANISMS)}")
+        for var, value in ((envvars.KAFKA_SASL_USERNAME, s.kafka_sasl_username),
+                           (envvars.KAFKA_SASL_PASSWORD, s.kafka_sasl_password)):
             if not value:
                 raise ValueError(f"{var} is not set: {protocol} with {s.kafka_sasl_mechanism} needs a username and a password")
     elif s.kafka_sasl_mechanism:
-        raise ValueError(f"RLPULSE_KAFKA_SASL_MECHANISM is {s.kafka_sasl_mechanism} but RLPULSE_KAFKA_SECURITY_PROTOCOL "
+        raise ValueError(f"{envvars.KAFKA_SASL_MECHANISM} is {s.kafka_sasl_mechanism} but {envvars.KAFKA_SECURITY_PROTOCOL} "
                          f"is {protocol}: SASL needs SASL_SSL (or SASL_PLAINTEXT)")
-    tls_files = (("RLPULSE_KAFKA_SSL_CAFILE", s.kafka_ssl_cafile), ("RLPULSE_KAFKA_SSL_CERTFILE", s.kafka_ssl_certfile),
-                 ("RLPULSE_KAFKA_SSL_KEYFILE", s.kafka_ssl_keyfile))
+    tls_files = ((envvars.KAFKA_SSL_CAFILE, s.kafka_ssl_cafile), (envvars.KAFKA_SSL_CERTFILE, s.kafka_ssl_certfile),
+                 (envvars.KAFKA_SSL_KEYFILE, s.kafka_ssl_keyfile))
     for var, path in tls_files:
         if path and protocol not in ("SSL", "SASL_SSL"):
-            raise ValueError(f"{var} is set but RLPULSE_KAFKA_SECURITY_PROTOCOL is {protocol}: "
+            raise ValueError(f"{var} is set but {envvars.KAFKA_SECURITY_PROTOCOL} is {protocol}: "
                              "TLS files are used with SSL or SASL_SSL")
         if path and not os.access(path, os.R_OK):
             raise ValueError(f"{var}: {path} does not exist or cannot be read")
     if s.kafka_ssl_keyfile and not s.kafka_ssl_certfile:
-        raise ValueError("RLPULSE_KAFKA_SSL_KEYFILE is set without RLPULSE_KAFKA_SSL_CERTFILE: the key goes with a client certificate")
+        raise ValueError(f"{envvars.KAFKA_SSL_KEYFILE} is set without {envvars.KAFKA_SSL_CERTFILE}: "
+                         "the key goes with a client certificate")
 
 
 _DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "silent_after", "heartbeat_interval",

@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError, for_code
 
+from rlpulse.schemas import env as envvars
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.catalogue import BY_SHORT, STREAM_TABLES, TOPICS
 
@@ -137,9 +138,9 @@ def check_copartitioned(settings: Settings, shorts: tuple[str, ...]) -> None:
     if wrong:
         listing = ", ".join(f"{t} has {n}" for t, n in sorted(counts.items()))
         raise PartitionMismatch(
-            f"topics disagree on partition counts ({listing}; expected {settings.partitions}, RLPULSE_PARTITIONS). "
+            f"topics disagree on partition counts ({listing}; expected {settings.partitions}, {envvars.PARTITIONS}). "
             "A topic auto-created by the broker gets its default count: delete the topics named, or set "
-            "RLPULSE_PARTITIONS to match, and start again.")
+            f"{envvars.PARTITIONS} to match, and start again.")
 
 
 __all__ = ["BY_SHORT", "PartitionMismatch", "check_copartitioned", "ensure_topics", "ensure_topics_async", "read_topic",

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import clickhouse_connect
 
+from rlpulse.schemas import env as envvars
 from rlpulse.schemas.files import private_dir
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -35,7 +36,7 @@ class NoDataError(RuntimeError):
 def no_data(store: "Store", why: str) -> NoDataError:
     """The error for a store nothing was written to yet, with what fills one."""
     return NoDataError(f"{store.url} has no data yet ({why}). Run `rlpulse demo`, or the pipeline (`rlpulse streams`, "
-                       "`rlpulse sink`); or set RLPULSE_HOME / RLPULSE_CLICKHOUSE_URL to the store that has your data")
+                       f"`rlpulse sink`); or set {envvars.HOME} / {envvars.CLICKHOUSE_URL} to the store that has your data")
 
 
 def require_database(store: "Store") -> None:
@@ -123,7 +124,7 @@ def _lock_store(path: Path, owner: str) -> int:
         os.close(fd)
         raise StoreBusyError(
             f"the chDB store {path} is open in {holder}; chDB allows one process per store. "
-            "Stop that process, or point RLPULSE_CLICKHOUSE_URL at a ClickHouse server."
+            f"Stop that process, or point {envvars.CLICKHOUSE_URL} at a ClickHouse server."
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} ({owner})".encode(), 0)
@@ -150,9 +151,9 @@ def open_store(dsn: str, owner: str = "rlpulse", database: str | None = None) ->
         except Exception as exc:
             # The driver's message can carry the URL; re-raise with the password masked.
             raise ConnectionError(f"cannot connect to ClickHouse at {mask_url(dsn)}: {_connect_reason(exc)}. Check "
-                                  "RLPULSE_CLICKHOUSE_URL (or --clickhouse-url)") from None
+                                  f"{envvars.CLICKHOUSE_URL} (or --clickhouse-url)") from None
         return Store(client=client, database=db, url=mask_url(dsn))
-    raise ValueError(f"RLPULSE_CLICKHOUSE_URL: unsupported scheme {parts.scheme!r}; use chdb:///path or http://user:pass@host:8123/db")
+    raise ValueError(f"{envvars.CLICKHOUSE_URL}: unsupported scheme {parts.scheme!r}; use chdb:///path or http://user:pass@host:8123/db")
 
 
 def open_reader(dsn: str, owner: str = "rlpulse") -> Store:
@@ -198,7 +199,7 @@ def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365,
     if not _NAME.match(db):
         raise ValueError(f"invalid database name {db!r}")
     if cluster:
-        cluster_ddl.check_name("cluster (RLPULSE_CLICKHOUSE_CLUSTER)", cluster)
+        cluster_ddl.check_name(f"cluster ({envvars.CLICKHOUSE_CLUSTER})", cluster)
     client = store.client
     for statement in cluster_ddl.bootstrap_statements(db, cluster) if cluster else bootstrap_statements(db):
         client.command(statement)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlpulse.schemas import env as envvars
 from rlpulse.schemas.catalogue import BY_SHORT, RAW_TOPICS, TABLES
 from rlpulse.sinks.avro_sql import build_plan, ch_type, reader_schemas, sql_ident, sql_quote
 from rlpulse.sinks.cluster_ddl import check_name
@@ -60,7 +61,7 @@ class KafkaEngine:
 def refuse_chdb(dsn: str) -> None:
     """ValueError for a chDB store: it could not be opened again once it holds a Kafka table."""
     if dsn.startswith("chdb:"):
-        raise ValueError("--kafka-engine needs a ClickHouse server (RLPULSE_CLICKHOUSE_URL=http://…): chDB runs the "
+        raise ValueError(f"--kafka-engine needs a ClickHouse server ({envvars.CLICKHOUSE_URL}=http://…): chDB runs the "
                          "Kafka engine but cannot open a store again once it holds a Kafka table, so it is not "
                          "offered on a chDB store. The Python sink loads the raw topics there")
 

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple
 from urllib.parse import parse_qsl, urlsplit
 
+from rlpulse.schemas.env import READ_PORT
 from rlpulse.sinks.read_engine import Engine, QueryFailed, ReadLimits
 
 log = logging.getLogger(__name__)
@@ -272,7 +273,7 @@ def serve_reads(store: Any, port: int | None = None, limits: ReadLimits | None =
         yield None
         return
     if port is None:
-        port = int(os.environ.get("RLPULSE_READ_PORT") or 0)
+        port = int(os.environ.get(READ_PORT) or 0)
     endpoint = ReadEndpoint(parts.path, port=port, limits=limits).start()
     try:
         yield endpoint

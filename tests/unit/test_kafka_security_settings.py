@@ -16,7 +16,9 @@ from rlpulse.streams.app import _credentials
 from tests.kafka_tls import make_certificates
 
 SECRET = "pw-Zq81-never-shown"
-SASL = {"RLPULSE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "RLPULSE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+# The bootstrap is given: unset, it would be the broker recorded in this checkout's home, on any port.
+SASL = {"RLPULSE_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
+        "RLPULSE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "RLPULSE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
         "RLPULSE_KAFKA_SASL_USERNAME": "alice", "RLPULSE_KAFKA_SASL_PASSWORD": SECRET}
 
 
