@@ -41,7 +41,8 @@ from rlpulse.progress import Ticker  # noqa: E402
 from rlpulse.schemas.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-SDK_KEYS = ("sdk_call_ns_median", "sdk_call_ns_p99", "sdk_floor_ns_median", "producer_events_per_s")
+SDK_KEYS = ("sdk_call_ns_median", "sdk_call_ns_p99", "sdk_floor_ns_median", "producer_events_per_s",
+            "sdk_call_ns_median_broker_down", "sdk_call_ns_p99_broker_down")
 
 # (key, label, unit, target) in the order the table prints them
 TABLE = [
@@ -49,6 +50,8 @@ TABLE = [
     ("sdk_call_ns_p99", "SDK call, p99", "ns", ""),
     ("sdk_floor_ns_median", "dict + append (floor), median", "ns", ""),
     ("sdk_call_over_floor", "  SDK call / floor", "x", "<= 3"),
+    ("sdk_call_ns_median_broker_down", "SDK call, broker down, median", "ns", "< 250000"),
+    ("sdk_call_ns_p99_broker_down", "SDK call, broker down, p99", "ns", "< 1000000"),
     ("producer_events_per_s", "SDK -> Kafka", "events/s", ""),
     ("producer_ceiling_events_per_s", "ProducerPerformance ceiling", "events/s", ""),
     ("producer_over_ceiling", "  SDK producer / ceiling", "x", ""),
@@ -80,6 +83,7 @@ def sdk_figures(settings: Settings, repetitions: int = REPS) -> dict[str, Any]:
         return {"errors": {"sdk": f"bench/sdk.py could not be imported: {exc}"}}
     # three repetitions of SDK-to-broker too (one with --quick): the design asks for medians
     for name, call in (("sdk_call", lambda: sdk.measure_sdk_call()),
+                       ("sdk_call_broker_down", lambda: sdk.measure_sdk_call_broker_down()),
                        ("sdk_to_kafka", lambda: sdk.measure_sdk_to_kafka(settings, repetitions=repetitions))):
         try:
             _say(f"sdk: {name} ...")

@@ -103,6 +103,41 @@ def measure_sdk_call(calls: int = CALLS, repetitions: int = REPETITIONS) -> dict
             "sdk_call_over_floor": med / floor, "sdk_call_calls": calls, "sdk_call_repetitions": len(call_med)}
 
 
+def measure_sdk_call_broker_down(calls: int = 2000, buffer_bytes: int = 40_000) -> dict[str, Any]:
+    """Median, p99 and slowest ns of a ``grader()`` call while no broker answers, the sender
+    running and failing to connect, and the byte-bounded buffer filling then dropping (moved
+    here from tests/integration/test_sdk_broker_down.py, which checks the drops and the delivery).
+
+    The rare slower call waits for the GIL while the sender thread handles the refused
+    connection (Python's switch interval is 5 ms); the call itself never touches the network.
+    """
+    import logging
+
+    settings = dataclasses.replace(Settings.load({}), kafka_bootstrap="127.0.0.1:9",  # nothing listens on port 9
+                                   topic_prefix=f"bench-down-{uuid.uuid4().hex[:6]}", heartbeat_interval=3600.0)
+    quiet = [logging.getLogger(name) for name in ("rlpulse", "aiokafka")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:  # the sender's retries would fill the bench's output
+        logger.setLevel(logging.CRITICAL)
+    try:
+        tel = TrainingTelemetry(project="bench", run_id="down", settings=settings, buffer_bytes=buffer_bytes)
+        tel.start()
+        time.sleep(0.5)  # the sender has tried and failed to connect
+        clock, times = time.perf_counter_ns, []
+        for i in range(calls):
+            t0 = clock()
+            tel.grader(step=1, rollout_id=f"down{i}", term="judge", outcome="timeout", duration_s=0.1)
+            times.append(clock() - t0)
+        dropped = tel.dropped
+        tel.close(0.5)
+    finally:
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
+    return {"sdk_call_ns_median_broker_down": statistics.median(times), "sdk_call_ns_p99_broker_down": _pct(times, 0.99),
+            "sdk_call_ns_max_broker_down": max(times), "sdk_calls_broker_down": calls,
+            "sdk_dropped_broker_down": dropped}
+
+
 def _delete_topics(settings: Settings) -> None:
     """Best effort: the benchmark's topics are of no use afterwards."""
     from aiokafka.admin import AIOKafkaAdminClient
@@ -181,6 +216,7 @@ def main() -> int:
     parser.add_argument("--no-kafka", action="store_true", help="only the call cost")
     args = parser.parse_args()
     out = measure_sdk_call(args.calls, args.repetitions)
+    out.update(measure_sdk_call_broker_down())
     if not args.no_kafka:
         out.update(measure_sdk_to_kafka(Settings.load(), args.events, args.kafka_repetitions))
     print(json.dumps(out, indent=2))
