@@ -109,7 +109,9 @@ class Delivery:
                 sending.cancel()
                 return todo
             results = sending.result()
-            delivered, failed, lost = [], [], []
+            delivered: list[Container] = []
+            failed: list[Container] = []
+            lost: list[int] = []
             error: BaseException | None = None
             for c, result in zip(todo, results):
                 if result is None:

@@ -12,7 +12,6 @@ import math
 import sys
 from typing import Any, Callable, Mapping
 
-
 LONG_MAX = (1 << 63) - 1  # Avro long; an int beyond it cannot be encoded
 INT_MAX = (1 << 31) - 1  # Avro int
 MAX_DURATION_S = 1e9  # about 31 years: a span's start (end minus duration, in ns) stays an Avro long

@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 
 from rlpulse.producers import events as v
 from rlpulse.schemas.enums import SPAN_KINDS
+
 # Encoded bytes of a span's fixed fields (ids, times, numbers, enum and union indexes), for
 # the too-large check; the variable ones (strings, maps) are added from their lengths.
 SPAN_ENCODED_BYTES = 160

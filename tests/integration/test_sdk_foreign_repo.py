@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from rlpulse.schemas import env as envvars
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import read_topic
@@ -92,10 +93,9 @@ def make_job(job: Path) -> None:
 
 
 def job_env(settings: Settings) -> dict[str, str]:
-    """The user's environment: nothing of this repository on PYTHONPATH, the broker from RLPULSE_*."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("RLPULSE_")}
-    return {**env, "RLPULSE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "RLPULSE_TOPIC_PREFIX": settings.topic_prefix,
-            "RLPULSE_PARTITIONS": str(settings.partitions), "RLPULSE_HEARTBEAT_INTERVAL": "1h"}
+    """The user's environment: nothing of this repository on PYTHONPATH; this test's settings (broker, topics)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and k not in envvars.VARIABLES}
+    return {**env, **settings.env()}
 
 
 def records(settings: Settings, short: str) -> list[dict[str, Any]]:
