@@ -241,7 +241,8 @@ class WorkerHarness(OutputReader):
         log.append(value)
         return len(log) - 1
 
-    def feed(self, topic: str, records: list[dict[str, Any]], partition: int = 0, schema: str | None = None) -> list[Output]:
+    def feed(self, topic: str, records: list[dict[str, Any]], partition: int = 0,
+             schema: str | None = None) -> list[Output]:
         """Publish one message and hand over what is waiting on its partition; the outputs that made."""
         self.append(topic, records, partition, schema)
         return self.deliver(topic, partition)

@@ -31,7 +31,8 @@ def test_xid_and_slowdown_fire_once_across_a_replay_and_a_restart():
     assert stage.on_message(HARDWARE_TOPIC, 0, message, S) == []  # redelivered: nothing new
     restarted = HardwareStage(thresholds, json.loads(json.dumps(table)))  # recovered from the changelog
     assert restarted.on_message(HARDWARE_TOPIC, 0, message, 2 * S) == []
-    assert alerts(restarted.on_message(HARDWARE_TOPIC, 0, [sample(1, 0x0, xid_last=79, t=3)], 3 * S)) == [("hw_slowdown", "GPU-1", "RESOLVED")]
+    resolved = restarted.on_message(HARDWARE_TOPIC, 0, [sample(1, 0x0, xid_last=79, t=3)], 3 * S)
+    assert alerts(resolved) == [("hw_slowdown", "GPU-1", "RESOLVED")]
     assert restarted.on_tick(1, 70 * S) == []  # another partition's tick leaves this GPU alone
     assert alerts(restarted.on_tick(0, 70 * S)) == [("xid", "GPU-1", "RESOLVED")]
     assert restarted.on_tick(0, 80 * S) == []
