@@ -13,7 +13,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError, for_code
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from rlpulse.schemas import env as envvars
 from rlpulse.schemas.settings import Settings
@@ -92,10 +92,14 @@ async def topic_partitions(consumer: AIOKafkaConsumer, topic: str) -> list[Any]:
     """The topic's partitions, after fetching fresh metadata (a new consumer may not have it yet)."""
     from aiokafka import TopicPartition
 
-    try:
-        # aiokafka's public API has no "metadata for this topic now"; its client does.
-        partitions = await consumer._client._wait_on_metadata(topic)  # noqa: SLF001
-    except UnknownTopicOrPartitionError:
+    # aiokafka's public API has no "metadata now"; its client does. Ask for every topic's metadata
+    # rather than this one's: a metadata request that names a missing topic makes a broker with
+    # auto.create.topics.enable create it with its default partition count, and `rlpulse status`
+    # (or a lag probe) run before the pipeline's first start then left topics that the streams
+    # refuse to start on (their partition counts disagree).
+    metadata = await consumer._client.fetch_all_metadata()  # noqa: SLF001
+    partitions = metadata.partitions_for_topic(topic)
+    if partitions is None:
         return []
     return [TopicPartition(topic, p) for p in sorted(partitions)]
 
