@@ -33,6 +33,7 @@ from rlpulse.schemas.topics import ensure_topics
 from rlpulse.schemas.codec import Codec, load_schemas
 from rlpulse.sinks.clickhouse import open_store
 from rlpulse.streams.histograms import reward_bucket
+from tests.integration import until
 
 pytestmark = pytest.mark.integration
 
@@ -196,6 +197,18 @@ def check_figures(figures: dict) -> None:
     assert figures["grader_windows"] == [("good", "judge", 20, 0, 0.2, 0.2), ("stalls", "judge", 6, 6, 30.0, 30.0)]
 
 
+def figures_in(settings: Settings, alerts: int):
+    """What the tests wait for: as many rows as check_figures expects, and ``alerts`` alert rows
+    (the good and stalls runs end with RUN_END, so their steps and windows close at once)."""
+    return until.counts(settings, {
+        "alerts": alerts,
+        "SELECT count() FROM $db.step_stats FINAL WHERE run_id != 'dies'": len(expected_step_stats()),
+        "SELECT count() FROM $db.reward_histograms FINAL WHERE run_id = 'good'": 2 * len(GOOD_STEPS),
+        "SELECT count() FROM $db.completion_length_histograms FINAL WHERE run_id = 'good'": len(GOOD_STEPS),
+        "SELECT sum(graded) FROM $db.grader_windows FINAL WHERE run_id != 'dies'": 26,
+    })
+
+
 def test_every_figure_and_alert_equals_the_ground_truth(settings: Settings) -> None:
     settings = stream_settings(settings)
     ensure_topics(settings)
@@ -208,7 +221,7 @@ def test_every_figure_and_alert_equals_the_ground_truth(settings: Settings) -> N
         run_good(settings)
         asyncio.run(publish_gpu(settings))
         run_stalls(settings, stall_s=settings.stall_after + 2.0)
-        pipeline.wait_caught_up(time.time_ns() + int((settings.window + settings.allowed_lateness + 3) * 1e9))
+        pipeline.wait_caught_up(until=figures_in(settings, alerts=12))
         pipeline.stop()
     figures = read_figures(settings)
     check_figures(figures)
@@ -262,8 +275,7 @@ def test_figures_and_alerts_survive_a_sigkill_of_the_streams_worker_mid_window(s
             asyncio.run(publish_gpu(settings))
 
         run_good(settings, midway=kill_and_restart)
-        pipeline.wait_caught_up(time.time_ns() + int((settings.window + settings.allowed_lateness + 3) * 1e9),
-                                timeout=90)
+        pipeline.wait_caught_up(until=figures_in(settings, alerts=9), timeout=90)
         pipeline.stop()
         log = (pipeline.log_dir / "streams.log").read_text()
     if fault != "none":
@@ -349,7 +361,7 @@ def test_newer_and_older_writers_schemas_through_the_pipeline(settings: Settings
         pipeline.start()
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         last = asyncio.run(publish_evolved(settings))
-        pipeline.wait_caught_up(time.time_ns() + int((settings.silent_after + 2) * 1e9))
+        pipeline.wait_caught_up(until=until.counts(settings, {"alerts": 3, "step_stats": 1}))
         pipeline.stop()
     with open_store(settings.clickhouse_dsn, owner="test") as store:
         db, q = store.database, store.client.query
