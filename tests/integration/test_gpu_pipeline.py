@@ -15,6 +15,7 @@ from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.clickhouse import open_store
 from tests.fake_nvml import FakeNvml
+from tests.integration import until
 
 pytestmark = pytest.mark.integration
 GiB = 1 << 30
@@ -47,7 +48,9 @@ def test_poller_figures_placement_and_alerts_reach_clickhouse(settings: Settings
         poller.export()
         poller.close()
         assert sender.close(30) == 0
-        pipeline.wait_caught_up(time.time_ns() + 3 * 1_000_000_000)
+        pipeline.wait_caught_up(until=until.counts(settings, {  # the GPU's alerts come as its samples are read
+            "SELECT count() FROM $db.gpu_samples FINAL WHERE hw_id = 'GPU-int-1'": 3, "placements": 1,
+            "SELECT count() FROM $db.alerts FINAL WHERE key = 'GPU-int-1'": 3}))
         pipeline.stop()
     with open_store(settings.clickhouse_dsn, owner="test") as store:
         q, db = store.client.query, store.database

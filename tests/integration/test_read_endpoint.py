@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
@@ -30,6 +29,7 @@ from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.read_endpoint import ENDPOINT_FILE
+from tests.integration.until import counts
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -69,11 +69,6 @@ def expected_failures() -> list[dict]:
             for (run, term, cause), n in sorted(counts.items())]
 
 
-def window_close_ns(settings: Settings) -> int:
-    size = int(settings.window * 1e9)
-    return (time.time_ns() // size + 1) * size + int(settings.allowed_lateness * 1e9)
-
-
 def rlpulse(settings: Settings, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, RLPULSE_CLICKHOUSE_URL=settings.clickhouse_dsn, RLPULSE_HOME=str(settings.home),
                PYTHONPATH=str(REPO))
@@ -110,7 +105,9 @@ def test_live_store_reads_are_served_read_only_on_loopback(settings: Settings) -
         pipeline.start()
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         publish(settings)
-        pipeline.wait_caught_up(window_close_ns(settings))
+        # both runs ended (RUN_END): their windows close as their last messages are processed
+        pipeline.wait_caught_up(until=counts(settings, {
+            "spans": 11, "steps": 6, "SELECT sum(graded) FROM $db.grader_failures FINAL WHERE cause = 'timeout'": 7}))
         pipeline.check_alive()
 
         # The sink holds the store and published its endpoint: private to the user, loopback.
