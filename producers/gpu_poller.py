@@ -365,10 +365,13 @@ def main(
     stop: threading.Event | None = None,
 ) -> int:
     """``rlpulse gpu-poller``: publish until SIGTERM/SIGINT (or ``stop``); returns 0."""
-    nvml, reason = nvml_module, ""
+    nvml: Any = nvml_module
+    reason = ""
     if nvml is None:
         try:
-            import pynvml as nvml  # optional: rlpulse[gpu]
+            import pynvml  # optional: rlpulse[gpu]
+
+            nvml = pynvml
         except ImportError as exc:
             nvml, reason = None, f"pynvml is not installed ({exc}); pip install 'rlpulse[gpu]'"
     placement = Placement(run_id, attempt, role, rank, project, stage) if run_id else None
@@ -378,7 +381,7 @@ def main(
                        export_interval_s=export_interval, node=node, pod=pod, placement=placement,
                        unavailable_reason=reason)
     stop = stop or threading.Event()
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():  # signal handlers only work there
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())

@@ -10,7 +10,7 @@ import hashlib
 import random
 from typing import Any, Callable
 
-SPAN_NULLS = dict(parent_span_id=None, status_message="", attempt_id="", step=None, attributes={}, term=None,
+SPAN_NULLS: dict[str, Any] = dict(parent_span_id=None, status_message="", attempt_id="", step=None, attributes={}, term=None,
                   outcome=None, score=None, judge_input_tokens=None, judge_output_tokens=None, reward=None,
                   term_shares={}, completion_tokens=None, max_tokens=None, clipped=None, sample_id=None)
 

@@ -49,7 +49,11 @@ def run_demo(settings: Settings) -> int:
         _say(f"published {truth.spans} spans, {truth.step_events} step events and {truth.gpu_samples} GPU samples; waiting for the last "
              f"{DEMO_WINDOW_S:.0f}s window to close and the sink to catch up")
         with Ticker("waiting for the last window to close and the sink to catch up", say=_say) as ticker:
-            pipeline.wait_caught_up(last_close, progress=lambda line: (_say(line), ticker.update(line)))
+            def progress(line: str) -> None:
+                _say(line)
+                ticker.update(line)
+
+            pipeline.wait_caught_up(last_close, progress=progress)
         _say("caught up; stopping the sink and the streams")
         pipeline.stop()
     with open_store(settings.clickhouse_dsn, owner="rlpulse demo") as store:

@@ -14,7 +14,7 @@ import os
 import re
 import ssl
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from rlpulse.schemas import env as envvars
 from rlpulse.schemas.faults import Faults
@@ -140,7 +140,7 @@ class Settings:
     faults: Faults = dataclasses.field(default_factory=Faults)
 
     # Environment variable (named in rlpulse.schemas.env) -> field, with the parser for its text.
-    _ENV = {
+    _ENV: ClassVar[dict[str, tuple[str, Callable[[str], Any]]]] = {
         envvars.KAFKA_BOOTSTRAP: ("kafka_bootstrap", str),
         envvars.CLICKHOUSE_URL: ("clickhouse_url", str),
         envvars.TOPIC_PREFIX: ("topic_prefix", str),
@@ -194,7 +194,7 @@ class Settings:
             values["alerts"] = AlertThresholds(**alerts)  # type: ignore[arg-type]
         for field, value in flags.items():
             if value is not None:
-                values[field] = parse_duration(value) if field in _DURATION_FIELDS else value
+                values[field] = parse_duration(value) if isinstance(value, (str, int, float)) and field in _DURATION_FIELDS else value
         if "kafka_bootstrap" not in values:
             # One home, one address: the broker this home started, on whatever port it listens,
             # comes before the default for a command given neither --bootstrap nor the variable.

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
 from rlpulse.sinks.queries import PLACEHOLDER, list_saved, load_saved
@@ -83,7 +83,7 @@ def _singlequote(value: str) -> str:
 
 # Format -> formatter, for a single (non-multi) value. No format: the ClickHouse plugin's own, which
 # passes a single value through as it is (CHDatasource.format in grafana/clickhouse-datasource).
-FORMATS = {"percentencode": _encode_uri_component_strict, "sqlstring": _sqlstring, "singlequote": _singlequote,
+FORMATS: dict[str | None, Callable[[str], str]] = {"percentencode": _encode_uri_component_strict, "sqlstring": _sqlstring, "singlequote": _singlequote,
            "raw": str, None: str}
 
 

@@ -313,13 +313,13 @@ class RunProcessor:
                 self._retire_window(run, key)
         for key in sorted(run.steps, key=_step_order):
             f = run.steps[key]
-            attempt, step = (int(x) for x in key.split("|"))
+            attempt_no, step = (int(x) for x in key.split("|"))
             due = idle or (f.end_ns is not None and progress is not None and progress >= f.end_ns + late)
             if not f.closed and due:
                 f.closed = True
-                out += self._emit_step(run, attempt, step, f, now_ns, first=True)
+                out += self._emit_step(run, attempt_no, step, f, now_ns, first=True)
             elif f.dirty:
-                out += self._emit_step(run, attempt, step, f, now_ns, first=False)
+                out += self._emit_step(run, attempt_no, step, f, now_ns, first=False)
             if f.closed and f.end_ns is not None and progress is not None and progress >= f.end_ns + late + self.retention_ns:
                 self._retire_step(run, key)
         if progress is not None:
@@ -330,9 +330,9 @@ class RunProcessor:
             for key in [k for k, (t, r) in run.progress.items()
                         if t + self.retention_ns < progress and now_ns - max(r, self.quiet_from(run)) > self.retention_ns]:
                 del run.progress[key]
-        for attempt in list(run.ended):
-            if not any(k.split("|")[0] == str(attempt) for k in list(run.steps) + list(run.windows)):
-                forget_run(run.rules, run.project, run.run_id, attempt)  # its step-rule state goes with it
+        for ended in list(run.ended):
+            if not any(k.split("|")[0] == str(ended) for k in list(run.steps) + list(run.windows)):
+                forget_run(run.rules, run.project, run.run_id, ended)  # its step-rule state goes with it
         return out
 
     @staticmethod

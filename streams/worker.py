@@ -114,9 +114,9 @@ class StreamsWorker:
             for stuck, first, end in self.processed.take_stuck() if lane.tracks_catch_up else ():
                 await self._read(lane, stuck, first, end)
         else:
-            first = self.processed.missed(self.consumer, tp, offset)
-            if first is not None:  # offsets Faust never handed us: read them first, in order
-                await self._read(lane, tp, first, offset)
+            skipped_from = self.processed.missed(self.consumer, tp, offset)
+            if skipped_from is not None:  # offsets Faust never handed us: read them first, in order
+                await self._read(lane, tp, skipped_from, offset)
             await self._handle(lane, tp, offset, value, now)
         self.processed.done(tp, offset)
 
