@@ -11,7 +11,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -22,9 +21,9 @@ from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.read_endpoint import ENDPOINT_FILE
+from tests.integration import until
 
 pytestmark = pytest.mark.integration
-NS = 1_000_000_000
 
 
 def exposed(root: Path) -> list[str]:
@@ -59,8 +58,8 @@ def test_files_under_the_homes_are_the_owners_only(settings: Settings, own_broke
     with Pipeline(settings) as pipeline:
         pipeline.start()
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
-        simulate(settings, SimConfig(project="modes", runs=1, steps=2, rollouts_per_step=4, seed=5))
-        pipeline.wait_caught_up(time.time_ns() + 2 * NS)
+        truth = simulate(settings, SimConfig(project="modes", runs=1, steps=2, rollouts_per_step=4, seed=5))
+        pipeline.wait_caught_up(until=until.counts(settings, {"spans": truth.spans, "step_stats": 2}))
         pipeline.check_alive()
         assert stat.S_IMODE((store_dir / ENDPOINT_FILE).stat().st_mode) == 0o600
         assert exposed(home) == []  # while the sink holds the store

@@ -41,7 +41,7 @@ from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.schemas.settings import AlertThresholds, Settings
 from rlpulse.schemas.topics import ensure_topics
 from tests.kafka_tls import Certificates, make_certificates
-from tests.integration.test_pipeline import expected_failures, publish_workload, snapshot, window_close_ns
+from tests.integration.test_pipeline import expected_failures, publish_workload, snapshot, workload_in
 
 pytestmark = pytest.mark.integration
 
@@ -143,7 +143,7 @@ def test_every_client_works_over_sasl_ssl_with_the_right_credentials(broker: Sec
         pipeline.start()
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         publish_workload(settings)  # the SDK over SASL_SSL: each run's flush(30) == 0
-        pipeline.wait_caught_up(window_close_ns(settings))
+        pipeline.wait_caught_up(until=workload_in(settings))
         pipeline.stop()
     rows = snapshot(settings)
     assert rows["spans_by_kind"] == {"ROLLOUT": 6, "GRADER": 11}

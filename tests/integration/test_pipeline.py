@@ -81,6 +81,13 @@ async def _read_all(settings: Settings, short: str) -> list:
     return await read_topic(settings.kafka_client_kwargs(), settings.topic(short))
 
 
+def workload_in(settings: Settings):
+    """The condition the pipeline tests wait for: the workload's rows and its failure windows in
+    ClickHouse (every run ended with RUN_END, so its windows close as its last message is read)."""
+    return until.counts(settings, {
+        "spans": 17, "steps": 7, "SELECT sum(graded) FROM $db.grader_failures FINAL WHERE cause = 'timeout'": 11})
+
+
 def snapshot(settings: Settings) -> dict:
     """Everything the test checks, read from ClickHouse with SQL."""
     with open_store(settings.clickhouse_dsn, owner="test") as store:
@@ -117,9 +124,7 @@ def test_sdk_to_clickhouse_exact_rows_failures_by_cause_dead_letter_and_replay(s
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         asyncio.run(_produce_raw(settings, "spans", b"bad", POISON))
         publish_workload(settings)
-        # every run ended (RUN_END), so its windows close as its last message is processed
-        pipeline.wait_caught_up(until=until.counts(settings, {
-            "spans": 17, "steps": 7, "SELECT sum(graded) FROM $db.grader_failures FINAL WHERE cause = 'timeout'": 11}))
+        pipeline.wait_caught_up(until=workload_in(settings))
         pipeline.stop()
 
     first = snapshot(settings)

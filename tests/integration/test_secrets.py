@@ -30,11 +30,11 @@ from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.read_endpoint import ENDPOINT_FILE
+from tests.integration import until
 from tests.integration.test_alert_feed import Receiver
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-NS = 1_000_000_000
 
 KAFKA_PASSWORD = "kafka-PW-Zq81xsec"
 KEY_PASSWORD = "tlskey-PW-77abcsec"
@@ -112,9 +112,10 @@ def test_no_secret_in_any_log_output_command_line_or_file(settings: Settings, mo
                     assert _leaks(_cmdline(pid)) == [], (name, pid, _cmdline(pid))
 
             progress: list[str] = []
-            simulate(settings, SimConfig(project="sec", runs=2, steps=2, rollouts_per_step=4, stall_s=5.0, seed=3),
-                     progress=progress.append)
-            pipeline.wait_caught_up(time.time_ns() + 2 * NS)
+            truth = simulate(settings, SimConfig(project="sec", runs=2, steps=2, rollouts_per_step=4, stall_s=5.0, seed=3),
+                             progress=progress.append)
+            pipeline.wait_caught_up(until=until.counts(settings, {  # the stalled run's episode, as queried below
+                "spans": truth.spans, "SELECT count() FROM $db.alerts FINAL WHERE rule = 'stalled_run'": 2}))
             pipeline.check_alive()
             endpoint = json.loads((store_dir / ENDPOINT_FILE).read_text())
             assert _leaks(json.dumps(endpoint)) == []  # the endpoint file: its own password only

@@ -25,6 +25,7 @@ from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.clickhouse import StoreBusyError, migrate, open_reader, open_store
 from rlpulse.sinks.watch import WatchSnapshot, render, snapshot
 from tests.conftest import unavailable
+from tests.integration import until
 
 pytestmark = pytest.mark.integration
 
@@ -443,7 +444,10 @@ def test_watch_in_tmux_after_the_pipeline(settings: Settings, artifacts_dir: Pat
         pipeline.start()
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         truth = simulate(settings, SIM)
-        pipeline.wait_caught_up(time.time_ns() + int((settings.silent_after + 2) * NS))
+        # the ended runs' steps close at once; the silent run shows SILENT once its alert is in
+        pipeline.wait_caught_up(until=until.counts(settings, {
+            "SELECT count() FROM $db.alerts FINAL WHERE rule = 'silent_run'": 1,
+            f"SELECT count() FROM $db.step_stats FINAL WHERE run_id != '{PROJECT}-silent'": SIM.runs * SIM.steps}))
         pipeline.stop()
     tmux = TmuxWatch(settings, "--interval", "1s")
     try:
