@@ -31,7 +31,7 @@ from rlpulse.schemas.topics import ensure_topics, read_topic
 from rlpulse.sinks.clickhouse import open_store
 from rlpulse.streams.histograms import reward_bucket
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # backlogs, crashes and redeliveries: make test-all
 
 NS = 1_000_000_000
 CAUSES = ("timeout", "unavailable", "unreadable", "ungradable")

@@ -27,7 +27,7 @@ from tests.integration.workload import (JUDGE_FAILURE, NS, Job, assert_figures_e
                                         emitted_more_than_once, end_offsets, expected, read_figures, run_for,
                                         stop_jobs, wait_committed_past)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # faults: make test-all
 
 # -- the faults ------------------------------------------------------------------------------
 # Found by this test, fixed: about 1 restart in 3 under load, faust-streaming 0.15.3 takes a batch

@@ -23,7 +23,7 @@ from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.read_endpoint import ENDPOINT_FILE
 from tests.integration import until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # security, and a broker of its own: make test-all
 
 
 def exposed(root: Path) -> list[str]:

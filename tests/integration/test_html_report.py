@@ -147,6 +147,7 @@ def _chart(dom: str, name: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.full  # a browser: make test-all
 def test_html_report_renders_every_chart(tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
         unavailable(f"{CHROMIUM} is missing: apt-get install chromium, or make browser (headless Chromium renders the page)")

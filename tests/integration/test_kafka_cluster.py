@@ -30,7 +30,7 @@ from tests.integration.workload import (JUDGE_FAILURE, NS, Job, assert_figures_e
                                         emitted_more_than_once, end_offsets, expected, read_figures, run_for,
                                         stop_jobs, wait_committed_past)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # a three-broker cluster of its own: make test-all
 
 
 async def _partitions_async(settings: Settings) -> dict[tuple[str, int], tuple[int, list[int], list[int]]]:

@@ -43,7 +43,7 @@ from rlpulse.schemas.topics import ensure_topics
 from tests.kafka_tls import Certificates, make_certificates
 from tests.integration.test_pipeline import expected_failures, publish_workload, snapshot, workload_in
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # a SASL_SSL/mTLS broker of its own: make test-all
 
 USER = "alice"
 REFUSED = "refused the credentials: SASL authentication of user 'alice' with SCRAM-SHA-512 failed"

@@ -39,7 +39,7 @@ from rlpulse.sinks.clickhouse import open_store
 from tests.integration.workload import (NS, PROJECT, RAW, Job, assert_figures_equal, expected, indices_by_partition,
                                         read_figures, run_for, stop_jobs)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # scale: make test-all (make test-scale)
 
 
 def event_rows(dsn: str) -> tuple[Counter, Counter]:

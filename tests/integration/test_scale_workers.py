@@ -38,7 +38,7 @@ from tests.integration.workload import (NS, PROJECT, Job, alerts_published, asse
                                         emitted_more_than_once, end_offsets, expected, indices_by_partition, partitions_of_runs,
                                         read_figures, run_for, sequence_gaps, stop_jobs, wait_committed_past)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # scale: make test-all (make test-scale)
 
 STALL_AFTER = 15.0
 

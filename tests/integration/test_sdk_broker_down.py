@@ -22,6 +22,7 @@ from rlpulse.schemas.topics import read_topic
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.full,  # a fault (the broker stopped), with a broker of its own: make test-all
     pytest.mark.skipif(shutil.which("java") is None or shutil.which("mvn") is None, reason="needs java and mvn"),
 ]
 BOOTSTRAP = "127.0.0.1:19292"

@@ -33,7 +33,7 @@ from rlpulse.sinks.read_endpoint import ENDPOINT_FILE
 from tests.integration import until
 from tests.integration.test_alert_feed import Receiver
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # security: make test-all
 REPO = Path(__file__).resolve().parents[2]
 
 KAFKA_PASSWORD = "kafka-PW-Zq81xsec"

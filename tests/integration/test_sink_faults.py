@@ -34,7 +34,7 @@ from rlpulse.sinks.dlq import read_dead_letters
 from test_sink_avro import (CODEC, NOW, PROJECT, RUN, TOPIC_OF, counts, ident, publish, rows, run_sink,
                             samples, span, step)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # faults: make test-all
 
 
 # -- helpers for tests that run `rlpulse sink` as a child process ------------------------------------

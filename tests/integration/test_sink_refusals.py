@@ -29,7 +29,7 @@ from rlpulse.sinks.sink import drain
 from test_sink_avro import CODEC, PROJECT, publish, span, step
 from test_sink_faults import dead_letter_count, offsets, plain_counts, start_sink, stop_sink, wait_committed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # faults: make test-all
 
 
 def send_workload(settings: Settings) -> dict[str, int]:

@@ -249,6 +249,7 @@ def wait_processed(settings: Settings, shorts: tuple[str, ...], timeout: float =
 # read without processing it (the fault drop_first, injected on purpose: schemas.faults), as
 # faust-streaming 0.15.3 does now and then to a batch fetched while it restores its changelog: the
 # worker must notice the offsets it never got, seek back to them and count them.
+@pytest.mark.full  # a fault: make test-all
 @pytest.mark.parametrize("fault", ["none", "skipped offsets"])
 def test_figures_and_alerts_survive_a_sigkill_of_the_streams_worker_mid_window(settings: Settings, fault: str) -> None:
     # Lateness is judged on event time: the restart (Faust hands a dead worker's partitions on
@@ -354,6 +355,7 @@ async def publish_evolved(settings: Settings) -> dict[str, int]:
     return last
 
 
+@pytest.mark.full  # make test-all; tests/unit/test_schema_evolution.py decodes them in make test
 def test_newer_and_older_writers_schemas_through_the_pipeline(settings: Settings) -> None:
     settings = dataclasses.replace(stream_settings(settings), stall_after=60.0)
     ensure_topics(settings)

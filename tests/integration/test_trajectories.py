@@ -170,6 +170,7 @@ def _table(dom: Node) -> list[tuple[str, ...]]:
 
 # -- tests ---------------------------------------------------------------------------------------
 
+@pytest.mark.full  # a browser: make test-all
 def test_trajectories_of_one_sample_in_headless_chromium(tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
         unavailable(f"{CHROMIUM} is missing: apt-get install chromium, or make browser (headless Chromium renders the page)")

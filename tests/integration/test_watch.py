@@ -433,6 +433,7 @@ def _quit(tmux: TmuxWatch) -> None:
     assert "watch exited 0" in screen and "Traceback" not in screen, screen
 
 
+@pytest.mark.full  # a terminal: make test-all
 def test_watch_in_tmux_after_the_pipeline(settings: Settings, artifacts_dir: Path) -> None:
     """The store no one holds (the pipeline ran and stopped): the view shows the runs, then refreshes with
     a run written meanwhile, and quits on Ctrl-C with status 0."""
@@ -476,6 +477,7 @@ def test_watch_in_tmux_after_the_pipeline(settings: Settings, artifacts_dir: Pat
         tmux.close()
 
 
+@pytest.mark.full  # a terminal: make test-all
 def test_watch_in_tmux_live_sink(settings: Settings, artifacts_dir: Path) -> None:
     """LIVE STORE CASE: watch while the sink holds the chDB store, through the sink's read endpoint
     (open_reader): the stalled run is seen STALLED live, then the end state. A store open_reader
