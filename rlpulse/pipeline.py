@@ -22,7 +22,7 @@ from rlpulse.schemas.files import PRIVATE_UMASK, private_dir, private_file
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import topic_partitions
 
-from rlpulse.schemas.catalogue import RAW_TOPICS, SINK_TOPICS, sink_topics
+from rlpulse.schemas.catalogue import RAW_TOPICS, sink_topics
 
 STREAMS_TOPICS = RAW_TOPICS  # the streams' consumer group commits these (ticks are not waited on)
 
@@ -83,6 +83,22 @@ def partition_lag(settings: Settings, group: str, shorts: tuple[str, ...]) -> li
     end, done = offsets(settings, group, shorts)
     order = {settings.topic(short): i for i, short in enumerate(shorts)}
     return sorted(((tp.topic, tp.partition, done[tp], n) for tp, n in end.items()), key=lambda r: (order[r[0]], r[1]))
+
+
+async def rewind_async(settings: Settings, group: str, shorts: tuple[str, ...]) -> None:
+    """Commit offset 0 for ``group`` on every partition of the topics: its next member reads them all again."""
+    consumer = AIOKafkaConsumer(group_id=group, enable_auto_commit=False, **settings.kafka_client_kwargs())
+    await consumer.start()
+    try:
+        tps = [tp for s in shorts for tp in await topic_partitions(consumer, settings.topic(s))]
+        consumer.assign(tps)
+        await consumer.commit({tp: 0 for tp in tps})
+    finally:
+        await consumer.stop()
+
+
+def rewind(settings: Settings, group: str, shorts: tuple[str, ...]) -> None:
+    asyncio.run(rewind_async(settings, group, shorts))
 
 
 async def existing_groups_async(settings: Settings) -> set[str]:

@@ -15,7 +15,6 @@ Every test gets its own topic prefix, so tests share a broker without seeing eac
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
 import random
@@ -28,6 +27,7 @@ from typing import Callable, Iterator
 import pytest
 
 from rlpulse import cluster, services
+from rlpulse.pipeline import rewind
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.catalogue import SINK_TOPICS
 from tests.conftest import backends
@@ -78,22 +78,35 @@ def backend(request) -> Iterator[dict[str, str]]:
         yield {"name": "containers", "kafka_bootstrap": kafka.get_bootstrap_server(), "clickhouse_url": url}
 
 
-@pytest.fixture
-def settings(backend: dict[str, str], tmp_path: Path) -> Settings:
-    """Settings for one test: fresh topics (by prefix), a fresh store, short windows."""
+def fresh_settings(backend: dict[str, str], home: Path) -> Settings:
+    """Fresh topics (by prefix), a fresh store under ``home``, short windows."""
     prefix = f"t{uuid.uuid4().hex[:10]}"
-    clickhouse_url = backend["clickhouse_url"] or f"chdb://{tmp_path / 'clickhouse'}"
+    clickhouse_url = backend["clickhouse_url"] or f"chdb://{home / 'clickhouse'}"
     return dataclasses.replace(
         Settings.load(),
         kafka_bootstrap=backend["kafka_bootstrap"],
         clickhouse_url=clickhouse_url,
         topic_prefix=prefix,
-        home=tmp_path,
+        home=home,
         partitions=2,
         window=2.0,
-        allowed_lateness=5.0,  # generous: a slow CI machine must not turn on-time events late
+        # generous: a slow CI machine must not turn on-time events late. Tests wait for their rows
+        # (tests/integration/until.py), not for this, so it costs them nothing.
+        allowed_lateness=5.0,
         heartbeat_interval=3600.0,
     )
+
+
+@pytest.fixture
+def settings(backend: dict[str, str], tmp_path: Path) -> Settings:
+    """Settings for one test."""
+    return fresh_settings(backend, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_settings(backend: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """Settings shared by a module's tests: one workload through one pipeline, read by several tests."""
+    return fresh_settings(backend, tmp_path_factory.mktemp("module"))
 
 
 @pytest.fixture
@@ -104,25 +117,10 @@ def artifacts_dir(request) -> Path:
     return path
 
 
-async def _commit_zero(settings: Settings, group: str, shorts: tuple[str, ...]) -> None:
-    from aiokafka import AIOKafkaConsumer
-
-    from rlpulse.schemas.topics import topic_partitions
-
-    consumer = AIOKafkaConsumer(group_id=group, enable_auto_commit=False, **settings.kafka_client_kwargs())
-    await consumer.start()
-    try:
-        tps = [tp for s in shorts for tp in await topic_partitions(consumer, settings.topic(s))]
-        consumer.assign(tps)
-        await consumer.commit({tp: 0 for tp in tps})
-    finally:
-        await consumer.stop()
-
-
 @pytest.fixture
 def rewind_sink(settings: Settings) -> Callable[[], None]:
     """Commits offset 0 for the sink's group on every topic it reads: the next sink reads it all again."""
-    return lambda: asyncio.run(_commit_zero(settings, settings.sink_group, SINK_TOPICS))
+    return lambda: rewind(settings, settings.sink_group, SINK_TOPICS)
 
 
 def _free_port_pair() -> int:
