@@ -103,12 +103,23 @@ class Store:
 
 
 def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """The URL with its password replaced by ``***``.
+
+    A password may hold ``/``, ``#`` or ``?`` unencoded (``http://u:pa/ss@host``): a URL parser then
+    ends the authority early and sees no password at all. So the user information is everything up
+    to the last ``@`` of the URL when one follows ``scheme://``; masking too much beats printing a secret.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
         return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    parts = urlsplit(url)
+    if parts.password is not None and "@" not in parts.path + parts.query + parts.fragment:
+        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    userinfo, host = rest.rsplit("@", 1)
+    if ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 def _lock_store(path: Path, owner: str) -> int:
