@@ -20,10 +20,12 @@ the endpoint file that holds the password only to the store's owner. Anything el
 ClickHouse's AUTHENTICATION_FAILED (516, HTTP 403). A password in the URL is refused too: URLs
 end up in shell histories and logs.
 
-chDB releases the GIL while a query runs, and the server runs in its own threads, so the sink's
-event loop and inserts go on meanwhile. What a query can take from ingestion is bounded by
-:class:`ReadLimits`: ``max_execution_time`` per query, ``max_threads`` (one core of two), memory and
-result size, and at most ``max_concurrent`` queries at once (others wait their turn, then get 503).
+Hostile requests (issue 18): the password is checked on the headers before a byte of the body is
+read; a body is at most MAX_BODY on the wire and once inflated; an invalid Content-Length or chunk
+size is answered 400 and the connection closed; at most ``ReadLimits.max_connections`` connections
+are open (more get 503 at accept); a query_id is never echoed unless it is plain; a bad request is
+one log line. chDB releases the GIL while a query runs, so the sink's inserts go on meanwhile; what a
+query can take is bounded by :class:`ReadLimits` (time, one thread, memory, result, ``max_concurrent``).
 """
 
 from __future__ import annotations
@@ -36,16 +38,18 @@ import logging
 import os
 import re
 import secrets
+import sys
 import threading
 import time
 import uuid
 import zlib
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from email.parser import BytesParser
 from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator, Mapping, NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, urlsplit
 
 from rlpulse.schemas.env import READ_PORT
@@ -56,7 +60,14 @@ log = logging.getLogger(__name__)
 ENDPOINT_FILE = "endpoint"  # in the store directory: {"url", "pid", "user", "password"}, 0600, removed at exit
 HOST = "127.0.0.1"
 READ_USER = "rlpulse"  # the one user; its password is new at every sink start
-MAX_BODY = 16 * 1024 * 1024  # a query, not data: nothing is inserted here
+MAX_BODY = 16 * 1024 * 1024  # a query, not data: nothing is inserted here (on the wire, and once decompressed)
+MAX_LINE = 1024  # a chunk-size or trailer line
+IDLE_TIMEOUT = 30  # seconds a connection may stay silent (between requests, or mid-request) before it is closed
+# Beyond ReadLimits.max_connections open connections, a new one is answered 503 and closed at once by
+# the accepting thread: no thread, no file descriptor held for it.
+_BUSY_TEXT = b"Code: 202. DB::Exception: Too many connections to the read endpoint. (TOO_MANY_SIMULTANEOUS_QUERIES)\n"
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=UTF-8\r\nX-ClickHouse-Exception-Code: 202"
+         b"\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT))
 
 # URL parameters that steer the HTTP exchange rather than the query (accepted, not applied).
 _TRANSPORT = frozenset({
@@ -67,20 +78,30 @@ _TRANSPORT = frozenset({
     "decompress", "http_native_compression_disable_checksumming_on_decompress",
 })
 # ClickHouse's exceptionCodeToHTTPStatus, for the codes a read can meet.
-_STATUS = {**{c: 400 for c in (6, 27, 36, 38, 41, 53, 62, 69, 72, 167, 168, 457, 456)},
+_STATUS = {**{c: 400 for c in (6, 27, 36, 38, 41, 53, 62, 69, 72, 167, 168, 452, 457, 456)},
            **{c: 404 for c in (46, 47, 60, 63, 73, 81, 115, 170)},
            497: 403, 516: 403, 48: 501, 159: 408, 202: 503}
-_CONTENT_TYPES = (("TabSeparated", "text/tab-separated-values; charset=UTF-8"), ("TSV", "text/tab-separated-values; charset=UTF-8"),
+_CONTENT_TYPES = (("TabSeparated", "text/tab-separated-values; charset=UTF-8"),
+                  ("TSV", "text/tab-separated-values; charset=UTF-8"),
                   ("CSV", "text/csv; charset=UTF-8"), ("JSONEachRow", "application/x-ndjson; charset=UTF-8"),
                   ("JSONLines", "application/x-ndjson; charset=UTF-8"), ("NDJSON", "application/x-ndjson; charset=UTF-8"),
                   ("JSON", "application/json; charset=UTF-8"), ("Pretty", "text/plain; charset=UTF-8"),
                   ("Vertical", "text/plain; charset=UTF-8"), ("Markdown", "text/markdown; charset=UTF-8"))
 
 
+class BadRequest(Exception):
+    """A request the endpoint will not read further: answered 400 and its connection closed."""
+
+
+# What a query_id may hold: it is sent back in a header, so never a control character (CRLF).
+_QUERY_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,128}")
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,8}")  # a chunk is at most 4 GiB on paper; MAX_BODY bounds it anyway
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: clients pool their connections
     server_version = "rlpulse-read-endpoint"
-    timeout = 60  # a silent client gives its thread back
+    timeout = IDLE_TIMEOUT  # a silent client gives its connection back
     engine: Engine  # set on the subclass made per server
     password: str  # likewise
 
@@ -91,74 +112,118 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, b"", {"Content-Type": "text/plain; charset=UTF-8"}, head=True)
 
     def do_GET(self) -> None:  # noqa: N802
-        self._handle(b"")
+        self._serve(post=False)
 
     def do_POST(self) -> None:  # noqa: N802
+        self._serve(post=True)
+
+    def _serve(self, post: bool) -> None:
+        """Authenticate on the headers alone, then read a bounded body, then answer. A request that
+        fails anywhere is answered in one line and logged in one line, never with a traceback."""
         try:
-            body = self._body()
-        except QueryFailed as exc:
-            self._fail(exc)
-            return
-        self._handle(body)
+            self._handle(post)
+        except BadRequest as exc:
+            log.info("read endpoint: bad request from %s: %s", self.client_address[0], exc)
+            self.close_connection = True  # the rest of its body is not read: the stream is out of step
+            self._fail(QueryFailed(36, f"Code: 36. DB::Exception: {exc}. (BAD_ARGUMENTS)"))
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            log.info("read endpoint: connection from %s lost: %s", self.client_address[0], type(exc).__name__)
+            self.close_connection = True
+        except Exception as exc:  # a bug here must not print request data or a traceback into the sink's log
+            log.warning("read endpoint: request failed: %s", type(exc).__name__)
+            self.close_connection = True
+            self._fail(QueryFailed(1001, "Code: 1001. DB::Exception: the read endpoint could not handle the request. "
+                                         "(STD_EXCEPTION)"))
 
     def _body(self) -> bytes:
+        """The body, at most MAX_BODY bytes on the wire and MAX_BODY once decompressed."""
+        too_big = f"request body over {MAX_BODY >> 20} MiB: the read endpoint takes queries, not data"
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             chunks, size = [], 0
             while True:
-                n = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                line = self.rfile.readline(MAX_LINE + 1)
+                size_field = line.split(b";")[0].strip()
+                if len(line) > MAX_LINE or not _CHUNK_SIZE.fullmatch(size_field):
+                    raise BadRequest("invalid chunk size")
+                n = int(size_field, 16)
                 if n == 0:
-                    while self.rfile.readline().strip():  # trailers
-                        pass
+                    for _ in range(100):  # trailers, bounded as headers are
+                        if not self.rfile.readline(MAX_LINE + 1).strip():
+                            break
+                    else:
+                        raise BadRequest("too many trailer lines")
                     break
                 size += n
                 if size > MAX_BODY:
-                    raise QueryFailed(36, "Code: 36. DB::Exception: Request body over 16 MiB: the "
-                                                             "read endpoint takes queries, not data. (BAD_ARGUMENTS)")
+                    raise BadRequest(too_big)
                 chunks.append(self.rfile.read(n))
-                self.rfile.readline()
+                if self.rfile.readline(3).strip():
+                    raise BadRequest("a chunk longer than its size")
             data = b"".join(chunks)
         else:
-            length = int(self.headers.get("Content-Length") or 0)
+            field = (self.headers.get("Content-Length") or "0").strip()
+            if not (field.isascii() and field.isdigit()):
+                raise BadRequest("invalid Content-Length")
+            length = int(field)
             if length > MAX_BODY:
-                raise QueryFailed(36, "Code: 36. DB::Exception: Request body over 16 MiB: the read endpoint takes "
-                                      "queries, not data. (BAD_ARGUMENTS)")
+                raise BadRequest(too_big)
             data = self.rfile.read(length) if length else b""
         encoding = self.headers.get("Content-Encoding", "identity").lower()
-        if encoding == "gzip":
-            data = gzip.decompress(data)
-        elif encoding == "deflate":
-            data = zlib.decompress(data)
-        elif encoding not in ("identity", ""):
-            raise QueryFailed(48, f"Code: 48. DB::Exception: Content-Encoding {encoding} is not supported by the "
+        if encoding in ("identity", ""):
+            return data
+        if encoding not in ("gzip", "deflate"):
+            raise QueryFailed(48, f"Code: 48. DB::Exception: Content-Encoding {encoding[:40]!r} is not supported by the "
                                   "read endpoint (gzip, deflate). (NOT_IMPLEMENTED)")
-        return data
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+        try:
+            out = inflate.decompress(data, MAX_BODY + 1)  # never more than the bound in memory
+        except zlib.error:
+            raise BadRequest(f"the body is not valid {encoding}") from None
+        if len(out) > MAX_BODY or inflate.unconsumed_tail:
+            raise BadRequest(f"decompressed {too_big}")
+        return out
 
-    def _handle(self, body: bytes) -> None:
+    def _handle(self, post: bool) -> None:
         url = urlsplit(self.path)
         if url.path in ("/ping", "/replicas_status"):
+            self.close_connection = post  # its body, if any, is not read
             self._send(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
             return
         if url.path not in ("/", ""):
-            self._send(404, f"There is no handle {url.path}\n".encode(), {"Content-Type": "text/plain; charset=UTF-8"})
+            self.close_connection = post
+            self._send(404, b"There is no such handle\n", {"Content-Type": "text/plain; charset=UTF-8"})
             return
         args = dict(parse_qsl(url.query, keep_blank_values=True))
-        if not self._authenticated(args):
+        if not self._authenticated(args):  # before a byte of the body is read, and nothing of the request echoed
+            self.close_connection = True
             self._fail(QueryFailed(516, "Code: 516. DB::Exception: Authentication failed: password is incorrect, or "
                                         "there is no user with such name; the sink's read endpoint takes the user and "
                                         f"password in the '{ENDPOINT_FILE}' file of its store directory, as HTTP basic "
-                                        "auth or X-ClickHouse-User/X-ClickHouse-Key headers. (AUTHENTICATION_FAILED)"),
-                       args.get("query_id", ""))
+                                        "auth or X-ClickHouse-User/X-ClickHouse-Key headers. (AUTHENTICATION_FAILED)"))
+            return
+        try:
+            body = self._body() if post else b""
+        except QueryFailed as exc:
+            self.close_connection = True
+            self._fail(exc)
             return
         content_type = self.headers.get("Content-Type", "")
         if content_type.startswith("multipart/form-data"):
             # clickhouse-connect sends long parameter values (and the query with them) as a form.
             message = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + body)
+            if not message.is_multipart():
+                raise BadRequest("a multipart/form-data body that is not a form")
             for part in message.iter_parts():
                 name = part.get_param("name", header="content-disposition")
                 if name and part.get_filename() is None:
-                    args[name] = part.get_payload(decode=True).decode()
+                    try:
+                        args[str(name)] = part.get_payload(decode=True).decode()
+                    except (AttributeError, UnicodeDecodeError):
+                        raise BadRequest(f"form field {str(name)[:40]!r} is not UTF-8 text") from None
             body = b""
         query_id = args.get("query_id") or str(uuid.uuid4())
+        if not _QUERY_ID.fullmatch(query_id):  # never echoed: it would go into a response header
+            raise BadRequest("query_id may hold only letters, digits and _.:@- (at most 128)")
         if "query" not in args and not body:
             self._send(200, b"Ok.\n", {"Content-Type": "text/plain; charset=UTF-8"})
             return
@@ -177,7 +242,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._fail(exc, query_id)
             return
         log.debug("read endpoint: %d bytes in %.3fs", len(answer.body), time.monotonic() - started)
-        headers = {"Content-Type": _content_type(answer.fmt), "X-ClickHouse-Format": answer.fmt,
+        headers = {"Content-Type": _content_type(answer.fmt), "X-ClickHouse-Format": _header_safe(answer.fmt),
                    "X-ClickHouse-Summary": json.dumps(answer.summary, separators=(",", ":")),
                    "X-ClickHouse-Query-Id": query_id, "X-ClickHouse-Timezone": self.engine.timezone}
         body_out = answer.body
@@ -218,11 +283,53 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
+def _header_safe(value: str) -> str:
+    """``value`` without what would end a header line (a FORMAT name comes from the statement)."""
+    return re.sub(r"[^\x21-\x7e]", "", value)[:128]
+
+
 def _content_type(fmt: str) -> str:
     for prefix, content_type in _CONTENT_TYPES:
         if fmt.startswith(prefix):
             return content_type
     return "application/octet-stream"
+
+
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` of them; the ones over are refused at accept."""
+
+    daemon_threads = True
+    request_queue_size = 128  # the listen backlog: a burst waits to be accepted (and refused) instead of retrying SYNs
+
+    def __init__(self, address: tuple[str, int], handler: type[_Handler], max_connections: int):
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.refused = 0  # connections turned away, for the log and the tests
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            try:
+                request.settimeout(0)  # the accepting thread never waits on a client
+                request.send(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:  # one line, never a traceback
+        log.warning("read endpoint: connection from %s failed: %s", client_address[0], sys.exc_info()[0].__name__)
 
 
 class ReadEndpoint:
@@ -233,13 +340,12 @@ class ReadEndpoint:
         self.engine = Engine(str(store_path), limits or ReadLimits())
         self.user, self.password = READ_USER, secrets.token_urlsafe(24)  # never logged: it is in the 0600 file only
         handler = type("Handler", (_Handler,), {"engine": self.engine, "password": self.password})
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), handler, self.engine.limits.max_connections)
         self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
         self.url = f"http://{self.address[0]}:{self.address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="rlpulse-read-endpoint", daemon=True)
 
-    def start(self) -> "ReadEndpoint":
+    def start(self) -> ReadEndpoint:
         self._thread.start()
         path = self.store_dir / ENDPOINT_FILE
         tmp = path.with_name(f".{ENDPOINT_FILE}.{os.getpid()}")

@@ -1,9 +1,10 @@
 """The SQL side of the sink's read endpoint (``sinks.read_endpoint``): one request's query run
 read-only on a chDB connection of its own, within :class:`ReadLimits`.
 
-Before the query, on that connection: the request's settings (resource limits clamped to
-:class:`ReadLimits`; settings that name files, paths, URLs or schemas refused), the limits, then
-``readonly = 1``, so the engine itself refuses INSERT, DDL, ``SET`` and table functions that reach
+Before the query, on that connection: the request's settings, only those on an allowlist a reader
+needs (:data:`READER_SETTINGS`, ``output_format_*``: no setting that carries an expression or names
+a file; checked before any is applied), then the limits of :class:`ReadLimits` (a request may only
+lower them), then ``readonly = 1``, so the engine itself refuses INSERT, DDL, ``SET`` and table functions that reach
 outside with its READONLY error (code 164). Then a check with ClickHouse's own parser for what
 readonly=1 lets through in chDB (the client-side parts of clickhouse-local run in-process):
 ``formatQuery`` proves it is one statement, ``EXPLAIN AST`` that it only reads, without
@@ -15,15 +16,28 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Settings a request may not change even before readonly: they name files, paths, URLs, schemas or
-# code, or switch on functions that reach outside the store.
-_DENIED_SETTING = re.compile(r"path|file|schema|url|uri|dir|python|endpoint|outfile|profile|introspection|eval|"
-                             r"^ai_|function|http|s3|azure|hdfs|executable|dictionar|library", re.IGNORECASE)
+# The settings a reader may choose (URL parameters): result shape and size, output formatting, time
+# zone, and lower limits. Nothing else: settings that carry expressions (additional_result_filter,
+# additional_table_filters), name files (format_template_*, format_schema, output_format_schema) or
+# switch engine features on would let a request read what the statement itself may not.
+READER_SETTINGS = frozenset({
+    "max_result_rows", "max_result_bytes", "result_overflow_mode", "max_execution_time", "timeout_overflow_mode",
+    "max_threads", "max_final_threads", "max_memory_usage", "max_rows_to_read", "max_bytes_to_read",
+    "read_overflow_mode", "max_block_size", "max_rows_to_group_by", "group_by_overflow_mode", "max_rows_to_sort",
+    "max_bytes_to_sort", "sort_overflow_mode", "max_bytes_before_external_group_by", "max_bytes_before_external_sort",
+    "extremes", "totals_mode", "join_use_nulls", "date_time_output_format", "date_time_input_format",
+    "session_timezone", "use_client_time_zone", "final", "limit", "offset", "readonly",
+})
+READER_SETTING_PREFIXES = ("output_format_",)  # param_<name> values are query parameters, not settings
+_EXPRESSION_OR_FILE = frozenset({"output_format_schema"})  # a prefix match that writes a file
+MAX_SETTING_VALUE = 256  # characters: a reader's setting is a number, a word or a short pattern
+
 # Statement kinds (the first word of EXPLAIN AST's top node) that only read.
 _READ_KINDS = ("SelectWithUnionQuery", "SelectIntersectExceptQuery", "DescribeQuery", "Explain")
 _READ_PREFIXES = ("Show", "SHOW ", "Exists")
@@ -41,6 +55,7 @@ class ReadLimits:
     max_result_rows: int = 10_000_000
     max_result_bytes: int = 256 << 20  # the answer is held in memory before it is sent
     max_concurrent: int = 2  # queries running at once; more wait up to max_execution_time, then 503
+    max_connections: int = 32  # open HTTP connections; more are answered 503 and closed at once
 
     def clamped(self) -> dict[str, int]:
         return {"max_execution_time": self.max_execution_time, "max_threads": self.max_threads,
@@ -57,7 +72,7 @@ class QueryFailed(Exception):
         self.text = text
 
     @classmethod
-    def from_engine(cls, exc: BaseException) -> "QueryFailed":
+    def from_engine(cls, exc: BaseException) -> QueryFailed:
         text = str(exc).strip()
         text = text[text.find("Code: "):] if "Code: " in text else text
         m = re.match(r"Code: (\d+)\. DB::Exception: ", text)
@@ -143,28 +158,13 @@ class Engine:
         return Answer(body, fmt, summary)
 
     def _prepare(self, conn: Any, settings: Mapping[str, str], database: str | None) -> None:
-        """The request's settings and database, the limits, then readonly=1, on this connection only."""
-        caps = self.limits.clamped()
-        chosen: dict[str, str] = {"allow_python_table_function": "0"}
-        asked_readonly = None
-        for name, value in settings.items():
-            if not _NAME.match(name):
-                raise QueryFailed(115, f"Code: 115. DB::Exception: Unknown setting '{name}'. (UNKNOWN_SETTING)")
-            if name == "readonly":
-                asked_readonly = value
-            elif name in caps:
-                try:
-                    asked = float(value)
-                except ValueError:
-                    raise QueryFailed(27, f"Code: 27. DB::Exception: Cannot parse '{value}' for setting {name}. "
-                                          "(CANNOT_PARSE_INPUT_ASSERTION_FAILED)") from None
-                if 0 < asked < caps[name]:
-                    caps[name] = int(asked) if asked == int(asked) else asked  # type: ignore[assignment]
-            elif _DENIED_SETTING.search(name):
-                raise refused(f"Cannot modify '{name}' setting through the read endpoint")
-            else:
-                chosen[name] = value
-        chosen.update({k: str(v) for k, v in caps.items()})
+        """The request's settings and database, the limits, then readonly=1, on this connection only.
+
+        readonly=1 forbids every later SET, so it cannot come first in the engine: the allowlist
+        (:func:`reader_settings`) is checked on every name and value before anything is applied, and
+        the caps are set after the request's settings, so they win.
+        """
+        chosen, asked_readonly = reader_settings(settings, self.limits)
         if database:
             quoted = database.replace("\\", "\\\\").replace("`", "\\`")
             conn.query(f"USE `{quoted}`", "TabSeparated")
@@ -201,3 +201,46 @@ class Engine:
         if denied:
             raise refused(f"the function {denied.group(1)}() reads outside the store")
         return fmt
+
+
+def setting_refused(name: str, why: str) -> QueryFailed:
+    """A request's setting the read endpoint does not take (HTTP 400, naming it)."""
+    shown = name if len(name) <= 80 and name.isprintable() else repr(name[:80])[1:-1]  # no CR/LF into a log or header
+    return QueryFailed(452, f"Code: 452. DB::Exception: Setting '{shown}' is not accepted by the read endpoint: {why}; "
+                            "a reader may set result limits (max_result_rows, max_execution_time, ...), output_format_*, "
+                            "date_time_output_format and session_timezone. (SETTING_CONSTRAINT_VIOLATION)")
+
+
+def reader_settings(settings: Mapping[str, str], limits: ReadLimits) -> tuple[dict[str, str], str | None]:
+    """The SETs to run for a request's ``settings``, in order (the request's, then the limits), and the
+    ``readonly`` value it asked for (None: none).
+
+    Only :data:`READER_SETTINGS` and ``output_format_*`` names pass; any other, and any value that
+    is not a short printable text, is refused (:func:`setting_refused`) before anything is applied.
+    A limit the request asks for is taken only when it is lower than :class:`ReadLimits`' own.
+    """
+    caps: dict[str, Any] = limits.clamped()
+    chosen: dict[str, str] = {"allow_python_table_function": "0"}
+    asked_readonly = None
+    for name, value in settings.items():
+        if not _NAME.match(name):
+            raise setting_refused(name, "not a setting name")
+        if name in _EXPRESSION_OR_FILE or not (name in READER_SETTINGS or name.startswith(READER_SETTING_PREFIXES)):
+            raise setting_refused(name, "only settings that shape a result are taken (no expressions, files or engine "
+                                        "switches)")
+        if len(value) > MAX_SETTING_VALUE or not value.isprintable():
+            raise setting_refused(name, f"its value must be printable and at most {MAX_SETTING_VALUE} characters")
+        if name == "readonly":
+            asked_readonly = value
+        elif name in caps:
+            try:
+                asked = float(value)
+            except ValueError:
+                raise QueryFailed(27, f"Code: 27. DB::Exception: Cannot parse '{value}' for setting {name}. "
+                                      "(CANNOT_PARSE_INPUT_ASSERTION_FAILED)") from None
+            if 0 < asked < caps[name]:
+                caps[name] = int(asked) if asked == int(asked) else asked
+        else:
+            chosen[name] = value
+    chosen.update({k: str(v) for k, v in caps.items()})
+    return chosen, asked_readonly
