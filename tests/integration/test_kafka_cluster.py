@@ -26,9 +26,9 @@ from aiokafka.errors import KafkaError
 from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
-from tests.integration.workload import (JUDGE_FAILURE, NS, Job, assert_figures_equal, check_delivery,
-                                        emitted_more_than_once, end_offsets, expected, read_figures, run_for,
-                                        stop_jobs, wait_committed_past)
+from tests.integration.workload import (JUDGE_FAILURE, Job, assert_figures_equal, check_delivery,
+                                        emitted_more_than_once, end_offsets, expected, figures_in, read_figures,
+                                        run_for, stop_jobs, wait_committed_past)
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]  # a three-broker cluster of its own: make test-all
 
@@ -132,7 +132,7 @@ def test_one_broker_of_three_sigkilled_and_back_while_jobs_publish(own_cluster, 
         stop_jobs(jobs)
         caught_up = time.monotonic()
         committed = wait_committed_past(settings, groups, end_offsets(settings), pipeline, caught_up)
-        pipeline.wait_caught_up(time.time_ns() + int((settings.window + settings.allowed_lateness + 3) * NS), timeout=240)
+        pipeline.wait_caught_up(until=figures_in(settings, expected(jobs, settings)), timeout=240)
         drained = round(time.monotonic() - caught_up, 1)
         pipeline.stop()
 

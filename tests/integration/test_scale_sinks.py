@@ -36,8 +36,8 @@ from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.topics import ensure_topics, read_topic
 from rlpulse.sinks.clickhouse import open_store
-from tests.integration.workload import (NS, PROJECT, RAW, Job, assert_figures_equal, expected, indices_by_partition,
-                                        read_figures, run_for, stop_jobs)
+from tests.integration.workload import (PROJECT, RAW, Job, assert_figures_equal, expected, figures_in,
+                                        indices_by_partition, read_figures, run_for, stop_jobs)
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]  # scale: make test-all (make test-scale)
 
@@ -125,7 +125,7 @@ def test_two_sinks_one_group(settings: Settings, backend: dict[str, str], tmp_pa
         takeover_s = round(time.monotonic() - killed, 1)
         run_for(5, pipeline, jobs)
         stop_jobs(jobs)
-        pipeline.wait_caught_up(time.time_ns() + int((settings.window + settings.allowed_lateness + 3) * NS), timeout=240)
+        pipeline.wait_caught_up(until=figures_in(settings, expected(jobs, settings), dsns), timeout=240)
         pipeline.stop()
 
     stores = list(dict.fromkeys(dsns))

@@ -34,9 +34,10 @@ import pytest
 from rlpulse.pipeline import Pipeline, members, wait_groups_ready
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
-from tests.integration.workload import (NS, PROJECT, Job, alerts_published, assert_figures_equal, check_delivery,
-                                        emitted_more_than_once, end_offsets, expected, indices_by_partition, partitions_of_runs,
-                                        read_figures, run_for, sequence_gaps, stop_jobs, wait_committed_past)
+from tests.integration.workload import (PROJECT, Job, alerts_published, assert_figures_equal, check_delivery,
+                                        emitted_more_than_once, end_offsets, expected, figures_in, indices_by_partition,
+                                        partitions_of_runs, read_figures, run_for, sequence_gaps, stop_jobs,
+                                        wait_committed_past)
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]  # scale: make test-all (make test-scale)
 
@@ -128,7 +129,7 @@ def test_three_workers_one_killed_one_added(settings: Settings) -> None:
         wait_stall_states(settings, pipeline, jobs, runs, ["FIRING", "RESOLVED"] * 2)
         run_for(5, pipeline, jobs)
         stop_jobs(jobs)
-        pipeline.wait_caught_up(time.time_ns() + int((settings.window + settings.allowed_lateness + 3) * NS), timeout=240)
+        pipeline.wait_caught_up(until=figures_in(settings, expected(jobs, settings)), timeout=240)
         pipeline.stop()
 
     def owners(group: dict, topic: str = settings.topic("spans")) -> dict[str, list[int]]:

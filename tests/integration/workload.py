@@ -11,13 +11,14 @@ order: the question is whether the rules saw complete figures, once each.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import random
 import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rlpulse.producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, offsets
@@ -27,6 +28,7 @@ from rlpulse.schemas.topics import read_topic
 from rlpulse.sinks.clickhouse import open_store
 from rlpulse.streams.alerting import AlertBook, grader_failure_rate, step_rules
 from rlpulse.streams.histograms import RewardHistogram
+from tests.integration import until
 
 NS = 1_000_000_000
 PROJECT = "fault"
@@ -222,6 +224,27 @@ def expected(jobs: list[Job], settings: Settings) -> dict[str, Any]:
             out["failures"][(run, term, cause, start)] = n
     out["alerts"] = sorted((a["rule"], a["key"], a["state"], a["summary"]) for a in alerts)
     return out
+
+
+def figures_in(settings: Settings, want: dict[str, Any], dsns: list[str] | None = None) -> Callable[[], bool]:
+    """A ``wait_caught_up`` condition: every step and window of ``want`` (``expected``) has its figures
+    in ClickHouse, in the union of the stores ``dsns`` (the settings' store by default). The jobs
+    ended with RUN_END, so each run closed as its last message was read: no idle wait."""
+    def keys(sql: str) -> set[tuple] | None:
+        found: set[tuple] = set()
+        for dsn in dict.fromkeys(dsns or [settings.clickhouse_dsn]):
+            rows = until.query(dataclasses.replace(settings, clickhouse_url=dsn), sql)
+            if rows is None:
+                return None
+            found.update(rows)
+        return found
+
+    def ready() -> bool:
+        steps = keys(f"SELECT run_id, step FROM $db.step_stats FINAL WHERE project = '{PROJECT}'")
+        windows = keys(f"SELECT run_id, term, window_start_ns FROM $db.grader_windows FINAL WHERE project = '{PROJECT}'")
+        return (steps is not None and windows is not None
+                and len(steps) >= len(want["steps"]) and len(windows) >= len(want["windows"]))
+    return ready
 
 
 def read_figures(settings: Settings, dsn: str | None = None) -> dict[str, Any]:
