@@ -28,6 +28,7 @@ from rlpulse.pipeline import Pipeline
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # the Kafka engine, a deployment's option: make test-all
 REPO = Path(__file__).resolve().parents[2]
 TABLES = ("spans", "steps", "gpu_samples", "placements")
 

@@ -11,7 +11,6 @@ import asyncio
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -21,7 +20,9 @@ from rlpulse.pipeline import STREAMS_TOPICS, Pipeline, settings_env, wait_groups
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.catalogue import SINK_TOPICS
 from rlpulse.schemas.topics import ensure_topics
+from tests.integration import until
 
+pytestmark = pytest.mark.integration
 LINE = re.compile(r"^  (\S+)\[(\d+)\]\s+(\d+) /\s+(\d+) = (\d+)$")
 
 
@@ -64,7 +65,8 @@ def test_status_prints_each_groups_lag_per_partition(settings: Settings, backend
         pipeline.start()
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         simulate(settings, SimConfig(runs=3, steps=2, gpu=True))
-        pipeline.wait_caught_up(time.time_ns() + int((settings.window + settings.allowed_lateness) * 1e9))
+        # the runs ended: every step's figures are emitted, and the sink has them, at lag 0
+        pipeline.wait_caught_up(until=until.counts(settings, {"step_stats": 3 * 2}))
         caught_up = status(settings)
         pipeline.stop()
 
