@@ -17,13 +17,16 @@ import io
 import json
 import math
 import re
+from collections.abc import Mapping, Sequence
 from contextlib import redirect_stdout
 from datetime import date, datetime
 from decimal import Decimal
 from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 from uuid import UUID
+
+from rlpulse.sinks.read_engine import QueryFailed, check_statement
 
 SAVED = Path(__file__).parent / "queries"
 FORMATS = ("table", "csv", "json")
@@ -112,18 +115,45 @@ def run_query(client: Any, sql: str, params: Mapping[str, str] | None = None) ->
     if missing:
         raise ValueError(f"the query needs --param NAME=VALUE for: {', '.join(missing)}")
     try:
-        result = client.query(sql, parameters=dict(params or {}), settings={"readonly": 1})
+        statement = one_statement(client, sql, params or {})
+        result = client.query(statement, parameters=dict(params or {}), settings={"readonly": 1})
+    except QueryFailed as exc:  # check_statement: parsed, and not a read
+        raise ReadOnlyError(f"refused: queries run read-only (readonly=1): {one_line(exc)}") from None
     except Exception as exc:
         if type(exc).__module__.startswith("clickhouse_connect") or "DB::Exception" in str(exc):
             reason = one_line(exc)
+            if "Multi-statements are not allowed" in reason:
+                raise ReadOnlyError("refused: rlpulse query runs exactly one read-only statement; the text holds more "
+                                    "than one (split at ';'): run them one at a time") from None
             if "READONLY" in reason or "readonly mode" in reason or re.search(r"\bCode: 164\b", reason):
                 raise ReadOnlyError(f"refused: queries run read-only (readonly=1): {reason}") from None
             raise _refusal(one_line(exc, limit=None), sql, params or {}) from None
         raise
     columns, rows = list(result.column_names), [tuple(r) for r in result.result_rows]
     if not columns and not rows:
-        columns = _columns_of(client, sql, params)
+        columns = _columns_of(client, statement, params)
     return columns, rows
+
+
+def one_statement(client: Any, sql: str, params: Mapping[str, str]) -> str:
+    """``sql`` as ClickHouse's parser prints it, once it is proven one statement that only reads.
+
+    readonly=1 alone is not enough on every backend: the chDB one runs each statement of a text
+    on its own, the setting appended after the last only (``SELECT 1; DROP TABLE t; SELECT 1``
+    dropped t). So the text is parsed first (``formatQuery`` refuses more than one statement), the
+    read endpoint's own check (:func:`check_statement`) runs on it, and the printed statement, with
+    no comments left to swallow what the driver appends, is what runs.
+    """
+    formatted = client.query("SELECT formatQuery({q:String})", parameters={"q": sql},
+                             settings={"readonly": 1}).result_rows[0][0].rstrip("\n")
+
+    def explain_ast(text: str) -> str:
+        # raw text: over HTTP, clickhouse-connect's typed reading of EXPLAIN's answer fails
+        return client.raw_query("EXPLAIN AST " + text, parameters=dict(params), settings={"readonly": 1},
+                                fmt="TabSeparatedRaw").decode()
+
+    check_statement(formatted, explain_ast)
+    return formatted
 
 
 def _columns_of(client: Any, sql: str, params: Mapping[str, str] | None) -> list[str]:
@@ -171,7 +201,10 @@ def _refusal(reason: str, sql: str, params: Mapping[str, str]) -> QueryError:
     syntax = _SYNTAX.search(text)
     if syntax:
         at = int(syntax.group(1)) - 1  # ClickHouse counts from 1
-        where = f"line {syntax.group(2)}, col {syntax.group(3)}" if syntax.group(2) else f"position {at + 1}"
+        # formatQuery (one_statement) gives the position alone: line and column as the server would
+        line, col = (syntax.group(2), syntax.group(3)) if syntax.group(2) else (
+            sql.count("\n", 0, at) + 1, at - sql.rfind("\n", 0, at))
+        where = f"line {line}, col {col}"
         # past the end of the user's SQL: the driver's appended SETTINGS/FORMAT is where it failed
         text = ("syntax error: the query ends too early" if at >= len(sql.rstrip().rstrip(";"))
                 else f"syntax error at {where}, near {sql[at:].splitlines()[0][:30]!r}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -87,8 +87,8 @@ class QueryFailed(Exception):
 
 
 def refused(why: str) -> QueryFailed:
-    return QueryFailed(164, f"Code: 164. DB::Exception: {why}: rlpulse's read endpoint on the sink's chDB store is "
-                            "read-only (SELECT, WITH, SHOW, DESCRIBE, EXISTS and EXPLAIN; data comes in through the "
+    return QueryFailed(164, f"Code: 164. DB::Exception: {why}: rlpulse reads the store read-only, one statement "
+                            "at a time (SELECT, WITH, SHOW, DESCRIBE, EXISTS and EXPLAIN; data comes in through the "
                             "pipeline). (READONLY)")
 
 
@@ -178,29 +178,40 @@ class Engine:
         """Refuse what readonly=1 lets through in chDB; return the statement's own FORMAT, if any."""
         formatted = conn.query("SELECT formatQuery({q:String})", "TabSeparatedRaw",
                                params={"q": _escaped(sql)}).bytes().decode().rstrip("\n")
-        lines = formatted.split("\n")
-        fmt = None
-        if lines and re.fullmatch(r"FORMAT \S+", lines[-1]):
-            fmt = lines.pop().split(" ", 1)[1]
-        if any(re.match(r"\s*INTO OUTFILE\b", line) for line in lines):
+        return check_statement(formatted, lambda text: conn.query("EXPLAIN AST " + text, "TabSeparatedRaw",
+                                                                   params=dict(params)).bytes().decode())
+
+
+def check_statement(formatted: str, explain_ast: Callable[[str], str]) -> str | None:
+    """Refuse a statement that does more than read; return its own FORMAT, if any.
+
+    ``formatted``: ClickHouse's ``formatQuery`` of the text (which refuses more than one statement,
+    "Multi-statements are not allowed"); ``explain_ast``: runs ``EXPLAIN AST <text>`` and returns its
+    lines. The read endpoint and ``rlpulse query`` (every backend) both check with this.
+    """
+    lines = formatted.split("\n")
+    fmt = None
+    if lines and re.fullmatch(r"FORMAT \S+", lines[-1]):
+        fmt = lines.pop().split(" ", 1)[1]
+    if any(re.match(r"\s*INTO OUTFILE\b", line) for line in lines):
+        raise refused("INTO OUTFILE writes a file")
+    ast = explain_ast("\n".join(lines))
+    nodes = [(len(line) - len(line.lstrip(" ")), line.strip()) for line in ast.splitlines() if line.strip()]
+    if not nodes:
+        raise refused("an empty statement")
+    kind = nodes[0][1].split(" ")[0]
+    if not (nodes[0][1].startswith(_READ_PREFIXES) or kind in _READ_KINDS):
+        raise refused(f"Cannot execute query in readonly mode ({kind.removesuffix('Query')} is not a read)")
+    parents: list[str] = []
+    for depth, node in nodes:
+        del parents[depth:]
+        if node.startswith("Literal") and parents and parents[-1].startswith(_OUTPUT_NODES):
             raise refused("INTO OUTFILE writes a file")
-        ast = conn.query("EXPLAIN AST " + "\n".join(lines), "TabSeparatedRaw", params=dict(params)).bytes().decode()
-        nodes = [(len(line) - len(line.lstrip(" ")), line.strip()) for line in ast.splitlines() if line.strip()]
-        if not nodes:
-            raise refused("an empty statement")
-        kind = nodes[0][1].split(" ")[0]
-        if not (nodes[0][1].startswith(_READ_PREFIXES) or kind in _READ_KINDS):
-            raise refused(f"Cannot execute query in readonly mode ({kind.removesuffix('Query')} is not a read)")
-        parents: list[str] = []
-        for depth, node in nodes:
-            del parents[depth:]
-            if node.startswith("Literal") and parents and parents[-1].startswith(_OUTPUT_NODES):
-                raise refused("INTO OUTFILE writes a file")
-            parents.append(node)
-        denied = _DENIED_FUNCTION.search(ast)
-        if denied:
-            raise refused(f"the function {denied.group(1)}() reads outside the store")
-        return fmt
+        parents.append(node)
+    denied = _DENIED_FUNCTION.search(ast)
+    if denied:
+        raise refused(f"the function {denied.group(1)}() reads outside the store")
+    return fmt
 
 
 def setting_refused(name: str, why: str) -> QueryFailed:

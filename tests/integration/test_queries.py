@@ -99,6 +99,26 @@ def test_writes_are_refused_read_only_and_leave_the_data(url: str, sql: str) -> 
     assert ok(url, "SELECT count() AS n, groupArray(span_id) AS ids FROM rlpulse.spans", "--format", "csv") == 'n,ids\n2,"[""s1"",""s2""]"\n'
 
 
+@pytest.mark.parametrize("sql", [
+    "SELECT 1; DROP TABLE rlpulse.steps; SELECT 1",
+    "SELECT 1; DROP TABLE rlpulse.steps",
+    "SELECT 1 -- \n; DROP TABLE rlpulse.steps",
+    "DROP TABLE rlpulse.steps; SELECT 1",
+])
+def test_more_than_one_statement_is_refused_and_the_table_stays(url: str, sql: str) -> None:
+    """Issue 18, finding 10: the chDB backend ran each statement of a text on its own, readonly=1
+    applied to the last only, and the DROP went through. Exactly one read-only statement runs."""
+    seed(url, {"spans": [span("s1", None, "rollout", 0)]})
+    run = cli(url, sql)
+    assert (run.returncode, run.stdout) == (1, "")
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert run.stderr.startswith("rlpulse query: refused: "), run.stderr
+    assert "exactly one read-only statement" in run.stderr or "Drop is not a read" in run.stderr
+    assert rows(url, "SELECT name FROM system.tables WHERE database = 'rlpulse' AND name IN ('spans', 'steps') "
+                     "ORDER BY name") == [{"name": "spans"}, {"name": "steps"}]
+    assert ok(url, "SELECT 1 AS one;", "--format", "csv") == "one\n1\n"  # one statement and its ';' still run
+
+
 def test_other_clickhouse_errors_are_one_line(url: str) -> None:
     seed(url, {"spans": [span("s1", None, "rollout", 0)]})
     run = cli(url, "SELECT nope FROM rlpulse.spans")
