@@ -235,6 +235,10 @@ def _endless(schema: Any) -> str | None:
     return None
 
 
+# Public: ``schemas.limits`` refuses such a writer schema from a container's header, before any block is read.
+endless = _endless
+
+
 def record_count(data: bytes) -> int:
     """Records in a container, from its block headers (no decoding)."""
     header = read_header(data)

@@ -1,8 +1,10 @@
 """The raw topics' messages into records, as the agents decode them.
 
 A message that cannot be decoded (random bytes, a truncated container, a record type that does
-not belong on the topic, a writer schema readers refuse) is skipped and logged with its place
-and the reason; the sink dead-letters the raw message, so nothing is lost silently, and the
+not belong on the topic, a writer schema readers refuse) or that breaks the sink's limits
+(``schemas.limits``: records, decoded bytes with bounded decompression, blocks, schema nesting,
+endless arrays; the same numbers as the sink's, checked before anything is decoded) is skipped,
+counted and logged with its place and the reason, so no record of it reaches a figure; the sink dead-letters the raw message, so nothing is lost silently, and the
 messages around it are processed as usual.
 """
 
@@ -14,6 +16,7 @@ from typing import Any, Callable
 
 from rlpulse.schemas.catalogue import BY_SHORT, SPANS_TOPIC
 from rlpulse.schemas.codec import Codec, DecodeError
+from rlpulse.schemas.limits import Limits, check_container
 from rlpulse.streams.runs import SPAN_FIELDS
 
 log = logging.getLogger(__name__)
@@ -23,13 +26,15 @@ FIELDS = {SPANS_TOPIC: SPAN_FIELDS}
 
 
 class Inputs:
-    def __init__(self, codec: Codec):
+    def __init__(self, codec: Codec, limits: Limits | None = None):
         self.codec = codec
-        self.skipped = 0  # messages skipped as undecodable
+        self.limits = limits or Limits()  # the sink's numbers: the same message is refused by both
+        self.skipped = 0  # messages skipped as undecodable or over a limit
 
     def decode(self, short: str, value: bytes | None, where: str) -> list[dict[str, Any]]:
         """The records of one message of topic ``short``; [] for one that does not decode. ``where``: topic[partition]@offset."""
         try:
+            check_container(value, self.limits)  # bounded: nothing is decoded or inflated past a limit
             return self.codec.decode(value, expect=BY_SHORT[short].records, fields=FIELDS.get(short)).records
         except DecodeError as exc:
             self.skipped += 1

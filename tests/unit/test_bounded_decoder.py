@@ -1,0 +1,150 @@
+"""The one bounded container decoder (``schemas.limits``) against the hostile containers of issue 18:
+each is refused quickly, with a reason naming the bound, by the sink's checks and the streams' decode alike."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import time
+import zlib
+from types import SimpleNamespace
+
+import fastavro
+import pytest
+
+from rlpulse.schemas.catalogue import TABLES
+from rlpulse.schemas.codec import Codec, DecodeError, load_schemas
+from rlpulse.schemas.limits import Limits, check_container
+from rlpulse.sinks.avro_sql import Plans
+from rlpulse.sinks.message_checks import check_message
+from rlpulse.streams.inputs import Inputs
+
+SPAN = load_schemas()["rlpulse.v1.Span"]
+STEP = load_schemas()["rlpulse.v1.Step"]
+CODEC = Codec()
+
+
+def varint(n: int) -> bytes:
+    """An Avro long (zig-zag varint)."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def container(schema: dict, blocks: list[tuple[int, bytes]], codec: str = "null") -> bytes:
+    """A container with this writer schema and these (record count, block bytes) blocks, as given."""
+    sync = os.urandom(16)
+    meta = [(b"avro.schema", json.dumps(schema).encode()), (b"avro.codec", codec.encode())]
+    out = bytearray(b"Obj\x01" + varint(len(meta)))
+    for k, v in meta:
+        out += varint(len(k)) + k + varint(len(v)) + v
+    out += varint(0) + sync
+    for count, body in blocks:
+        out += varint(count) + varint(len(body)) + body + sync
+    return bytes(out)
+
+
+def span(seq: int = 1) -> dict:
+    return dict(project="p", run_id="r", attempt=1, stage="train", time_ns=seq, trace_id=bytes(16),
+                span_id=seq.to_bytes(8, "big"), parent_span_id=None, name="rollout", kind="ROLLOUT", start_time_ns=0,
+                end_time_ns=seq, status="OK", status_message="", rollout_id="r1", attempt_id="a1", sequence_id=seq,
+                writer_id="w1", step=1, attributes={}, term=None, outcome=None, score=None, judge_input_tokens=None,
+                judge_output_tokens=None, reward=0.5, term_shares={}, completion_tokens=1, max_tokens=2,
+                clipped=False, sample_id="s")
+
+
+def record_bytes(schema: dict, record: dict) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), record)
+    return buf.getvalue()
+
+
+def endless_span() -> bytes:
+    """Issue 18, finding 1: a Span writer schema ending in an extra array of null, one block claiming 2**62 items."""
+    schema = dict(SPAN, fields=SPAN["fields"] + [{"name": "x", "type": {"type": "array", "items": "null"}, "default": []}])
+    body = record_bytes(SPAN, span()) + varint(2 ** 62) + varint(0)  # the array: one block of 2**62 nulls, then its end
+    return container(schema, [(1, body)])
+
+
+def deflate_bomb(decoded: int = 200 * 1024 * 1024) -> bytes:
+    """Issue 18, finding 4: a Step container whose one deflate block inflates to ``decoded`` bytes."""
+    step = record_bytes(STEP, dict(project="p", run_id="r", attempt=1, stage="x", time_ns=1, type="STEP", trainer="rl",
+                                   step=1, step_count=1, tokens=1, duration_s=1.0, throughput=1.0, mfu=None,
+                                   dropped_events=0, writer_id="w", sequence_id=1))
+    z = zlib.compressobj(9, zlib.DEFLATED, -15)
+    chunk = bytes(1 << 20)
+    body = z.compress(step) + b"".join(z.compress(chunk) for _ in range(decoded >> 20)) + z.flush()
+    return container(STEP, [(1, body)], codec="deflate")
+
+
+def many_records(n: int = 500_000) -> bytes:
+    """Issue 18, finding 5: 500,000 Span records in one message (one block)."""
+    return container(SPAN, [(n, record_bytes(SPAN, span()) * n)])
+
+
+HOSTILE = {
+    "endless": (endless_span, "array of items that take no bytes"),
+    "bomb": (deflate_bomb, f"over the sink's limit of {Limits().max_message_bytes} a message"),
+    "records": (many_records, f"500000 records, over the sink's limit of {Limits().max_message_records} a message"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_each_hostile_container_is_refused_quickly_with_its_reason(name: str) -> None:
+    make, reason = HOSTILE[name]
+    data = make()
+    started = time.perf_counter()
+    with pytest.raises(DecodeError, match=reason):
+        check_container(data, Limits())
+    assert time.perf_counter() - started < 1.0  # the bomb inflates at most 16 MiB, counted not kept
+
+
+def test_the_finding_1_message_is_small() -> None:
+    assert 2000 < len(endless_span()) < 3500  # the 2.7 KB of the report
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_the_sink_and_the_streams_refuse_the_same_message_with_the_same_reason(name: str, caplog) -> None:
+    make, reason = HOSTILE[name]
+    data = make()
+    short = "spans" if name != "bomb" else "steps"
+    msg = SimpleNamespace(topic=f"t.{short}", partition=0, offset=7, key=None, value=data)
+    plans = Plans({table: [] for table in TABLES.values()})
+    with pytest.raises(DecodeError, match=reason):
+        check_message(msg, {f"t.{short}": short}, plans, Limits())
+    inputs = Inputs(Codec())
+    with caplog.at_level(logging.WARNING):
+        assert inputs.decode(short, data, f"t.{short}[0]@7") == []
+    assert inputs.skipped == 1
+    assert any(reason in r.getMessage() or reason.replace("\\", "") in r.getMessage() for r in caplog.records)
+
+
+def test_blocks_nesting_and_codecs_are_bounded() -> None:
+    one = record_bytes(SPAN, span())
+    with pytest.raises(DecodeError, match="over the sink's limit of 3 blocks a message"):
+        check_container(container(SPAN, [(1, one)] * 4), Limits(max_blocks=3))
+    deep: dict = {"type": "record", "name": "rlpulse.v1.Span", "fields": [{"name": "a", "type": "long"}]}
+    inner: object = "long"
+    for _ in range(40):
+        inner = {"type": "array", "items": inner}
+    deep["fields"].append({"name": "deep", "type": inner})
+    with pytest.raises(DecodeError, match="nests deeper than the sink's limit of 32 levels"):
+        check_container(container(deep, []), Limits())
+    with pytest.raises(DecodeError, match="codec 'bzip2' is not one of null, deflate, snappy"):
+        check_container(container(SPAN, [(1, one)], codec="bzip2"), Limits())
+
+
+def test_a_good_container_passes_with_its_counts_and_decodes() -> None:
+    data = CODEC.encode("Span", [span(i) for i in range(1, 11)])
+    checked = check_container(data, Limits())
+    assert checked.records == 10 and checked.decoded_bytes == 10 * len(record_bytes(SPAN, span()))
+    assert len(Inputs(CODEC).decode("spans", data, "t.spans[0]@0")) == 10
+    deflated = io.BytesIO()
+    fastavro.writer(deflated, fastavro.parse_schema(SPAN), [span(i) for i in range(1, 4)], codec="deflate")
+    assert check_container(deflated.getvalue(), Limits()).records == 3
