@@ -1,7 +1,7 @@
 """Queued events -> Avro containers, one per message, whatever transport carries them.
 
 Events are grouped by (topic, key, record type) and each group becomes one or more Avro
-Object Container Files (``schemas.codec.Codec.encode``) of up to ``batch_records`` records,
+Object Container Files (``rlpulse.schemas.codec.Codec.encode``) of up to ``batch_records`` records,
 always below ``max_message_bytes``. A record that cannot be built or encoded is isolated by
 halving its container and given up on alone, so it never blocks the events around it.
 """

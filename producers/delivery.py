@@ -1,8 +1,8 @@
 """What the sender delivers through (the ``Transport`` protocol) and how it retries.
 
 As OpenTelemetry's ``BatchSpanProcessor`` is generic over its exporter, the sender is generic
-over its transport: ``producers.transport.KafkaTransport`` in production,
-``producers.memory.InMemoryTransport`` for tests and dry runs. A transport only starts,
+over its transport: ``rlpulse.producers.transport.KafkaTransport`` in production,
+``rlpulse.producers.memory.InMemoryTransport`` for tests and dry runs. A transport only starts,
 sends a round of messages and reports each one's fate, and closes; :class:`Delivery` owns the
 policy around it, the same for every transport: all of a round's messages are sent and their
 results awaited together, failed ones are sent again, in their order, with backoff, a message

@@ -122,7 +122,7 @@ def float_map(field: str, values: Mapping[str, Any] | None, max_keys: int) -> di
 
 MAX_ATTRIBUTES = 128  # OpenTelemetry's default span attribute count limit: an OTel span never exceeds it
 FIELD_BYTES = 10  # what a number, a length prefix or a union branch costs in Avro, at most
-DICT_BYTES, ENTRY_BYTES = 240, 60  # a copied dict in memory, and each entry (see producers.queue's *_QUEUED_BYTES)
+DICT_BYTES, ENTRY_BYTES = 240, 60  # a copied dict in memory, and each entry (see rlpulse.producers.queue's *_QUEUED_BYTES)
 
 
 def attribute_map(field: str, values: Mapping[str, Any] | None, max_keys: int = MAX_ATTRIBUTES) -> dict[str, Any]:

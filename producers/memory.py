@@ -2,7 +2,7 @@
 
 Pass one to the SDK and nothing needs a broker; the messages are exactly what Kafka would have
 received (Avro containers, per topic and key), so a test can decode them with
-``schemas.codec.Codec`` and compare them with the calls it made::
+``rlpulse.schemas.codec.Codec`` and compare them with the calls it made::
 
     transport = InMemoryTransport()
     with TrainingTelemetry(project="p", run_id="r", transport=transport) as tel:
@@ -59,7 +59,7 @@ class InMemoryTransport:
         codec = codec or Codec()
         return [r for value in self.values(topic) for r in codec.decode(value).records]
 
-    # -- the Transport protocol (producers.delivery) -----------------------------------------
+    # -- the Transport protocol (rlpulse.producers.delivery) -----------------------------------------
     def renew(self) -> "InMemoryTransport":
         return self  # one memory across the sender's threads, so a test reads everything in one place
 

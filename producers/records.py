@@ -1,7 +1,7 @@
 """The Avro records of one writer, built from the arguments its calls queued.
 
 These run on the sender's thread: a call only checks and queues its arguments (see
-``producers.telemetry``), because building the record costs more than the call itself.
+``rlpulse.producers.telemetry``), because building the record costs more than the call itself.
 """
 
 from __future__ import annotations

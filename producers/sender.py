@@ -1,18 +1,18 @@
-"""Background sender: the bounded queue (``producers.queue``) drained by one thread through a
-transport (``producers.delivery.Transport``: Kafka by default, ``producers.transport``; or an
-``InMemoryTransport`` for tests and dry runs, ``producers.memory``) on its own asyncio loop.
+"""Background sender: the bounded queue (``rlpulse.producers.queue``) drained by one thread through a
+transport (``rlpulse.producers.delivery.Transport``: Kafka by default, ``rlpulse.producers.transport``; or an
+``InMemoryTransport`` for tests and dry runs, ``rlpulse.producers.memory``) on its own asyncio loop.
 
 Callers never wait on the network. The sender sleeps until a batch's worth is queued, a
 linger timeout passes after the first event, or someone flushes; then it takes everything
-queued, encodes it into containers (``producers.containers``) and delivers them
-(``producers.delivery``). While the transport fails it retries with backoff and the queue's
+queued, encodes it into containers (``rlpulse.producers.containers``) and delivers them
+(``rlpulse.producers.delivery``). While the transport fails it retries with backoff and the queue's
 byte bound holds what waits.
 
 The thread runs while the sender is open. After ``close()`` (or in a process forked from one
 that had started it) the next event starts a thread again, which delivers what is queued and,
 once the sender is closed, stops when the queue is empty: a span an OpenTelemetry batch
 processor exports after the job closed its telemetry is delivered, not left on a dead queue.
-At interpreter exit, ``producers.process`` delivers what open senders hold, bounded in time.
+At interpreter exit, ``rlpulse.producers.process`` delivers what open senders hold, bounded in time.
 
 Publishing a ready-made record (GPU samples, placements)::
 
@@ -267,7 +267,7 @@ class Sender:
             thread.join(timeout=join_timeout)  # the producer's own stop may wait out its request timeout
         return self.pending if self._started else undelivered
 
-    # -- process life (called by producers.process) ------------------------------------------
+    # -- process life (called by rlpulse.producers.process) ------------------------------------------
     def _after_fork_in_child(self) -> None:
         """In a forked child: a new queue, locks and thread; nothing of the parent's is used or touched.
 

@@ -1,4 +1,4 @@
-"""A span given as Span record fields (``TrainingTelemetry.publish_span``, which ``producers.otel``
+"""A span given as Span record fields (``TrainingTelemetry.publish_span``, which ``rlpulse.producers.otel``
 calls for each span it exports): checked at the call, so a value the Span schema or the input
 limits refuse raises ValueError naming the field instead of failing on the sender's thread.
 """

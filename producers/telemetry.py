@@ -2,7 +2,7 @@
 
 A call only validates its arguments and queues them (a tuple) with a sequence id; the sender
 thread builds and encodes the Avro record later. Validation tests exact types first because
-that is cheapest; anything unusual goes to ``producers.events``, which converts or raises.
+that is cheapest; anything unusual goes to ``rlpulse.producers.events``, which converts or raises.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class TrainingTelemetry:
     writer: a random ``writer_id`` and its own sequence of ids for spans and for steps. Its copy
     in a forked child (a DataLoader worker) is a writer of its own; an interpreter that exits
     with it open delivers what it holds; an event after ``close()`` is still delivered (see
-    ``producers.process`` and ``_after_fork_in_child``). Events go to Kafka (``settings``), or
-    through ``transport`` when one is given (``producers.memory.InMemoryTransport``: no broker).
+    ``rlpulse.producers.process`` and ``_after_fork_in_child``). Events go to Kafka (``settings``), or
+    through ``transport`` when one is given (``rlpulse.producers.memory.InMemoryTransport``: no broker).
     """
 
     def __init__(
@@ -302,14 +302,14 @@ class TrainingTelemetry:
         self._step_event("HEARTBEAT")
 
     def span_exporter(self) -> "RlpulseSpanExporter":
-        """An OpenTelemetry SpanExporter publishing the job's own spans (see ``producers.otel``)."""
+        """An OpenTelemetry SpanExporter publishing the job's own spans (see ``rlpulse.producers.otel``)."""
         from rlpulse.producers.otel import RlpulseSpanExporter
 
         return RlpulseSpanExporter(self)
 
     # -- publishing other records through this writer's queue --------------------------------
     def publish_span(self, span: Mapping[str, Any]) -> bool:
-        """Queue one span given as Span record fields (what ``producers.otel`` converts a span to).
+        """Queue one span given as Span record fields (what ``rlpulse.producers.otel`` converts a span to).
 
         ``time_ns``, ``trace_id``, ``span_id``, ``name``, ``kind``, ``start_time_ns`` and
         ``end_time_ns`` are required; the identity, ``writer_id`` and ``sequence_id`` are this
@@ -349,14 +349,14 @@ class TrainingTelemetry:
             self._put(STEPS, self._step_channel,
                       (self._clock(), type_, step, self.step_count, tokens, duration_s, mfu, spans_sent), STEP_QUEUED_BYTES)
 
-    # -- process life (called by producers.process) ------------------------------------------
+    # -- process life (called by rlpulse.producers.process) ------------------------------------------
     def _after_fork_in_child(self) -> None:
         """This writer's copy in a forked child becomes a worker's writer of the same run.
 
         Its own ``writer_id``, so its sequences restart at 1 without colliding with the parent's
         (the streams keep marks per run, attempt and writer); its own empty queue and sender (the
         parent's queued events stay the parent's); locks and events made anew, never inherited
-        (``producers.process`` says why); terms and ``step_count`` carried over.
+        (``rlpulse.producers.process`` says why); terms and ``step_count`` carried over.
 
         A DataLoader worker neither starts nor ends the run: no RUN_START, RUN_END or heartbeat.
         Its RUN_END would end the attempt for the stall detector (resolving alerts while the job
@@ -388,7 +388,7 @@ class AsyncTrainingTelemetry(AsyncTelemetry):
     """``async with AsyncTrainingTelemetry(project=..., run_id=...) as tel: await tel.rollout(...)``.
 
     Takes ``TrainingTelemetry``'s arguments; pass ``telemetry=`` to share an existing sync object
-    (and its sender) instead. The coroutines are ``producers.aio``'s.
+    (and its sender) instead. The coroutines are ``rlpulse.producers.aio``'s.
     """
 
     def __init__(self, *args: Any, telemetry: TrainingTelemetry | None = None, **kwargs: Any):

@@ -1,10 +1,10 @@
-"""``KafkaTransport``: the sender's transport (``producers.delivery.Transport``) to Kafka.
+"""``KafkaTransport``: the sender's transport (``rlpulse.producers.delivery.Transport``) to Kafka.
 
 It owns one aiokafka producer on the sender thread's event loop: idempotent (``acks=all``, so a
 retry inside the producer never duplicates or reorders), lz4-compressed. Before its first send it
 creates the topics (a topic the broker auto-created would get its default partition count,
 which the streams refuse). A round's messages are all handed to the producer first and their
-acknowledgements awaited together; what to resend, and when, is ``producers.delivery``'s.
+acknowledgements awaited together; what to resend, and when, is ``rlpulse.producers.delivery``'s.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class KafkaTransport:
             try:
                 if not self._topics_ready:
                     # Before the first send: a topic the broker auto-creates gets its default
-                    # partition count, which the streams then refuse (see schemas.topics).
+                    # partition count, which the streams then refuse (see rlpulse.schemas.topics).
                     await ensure_topics_async(self.settings)
                     self._topics_ready = True
                 producer = AIOKafkaProducer(**self.producer_kwargs())
