@@ -11,7 +11,7 @@ and for the quorum on the port above, P being the bootstrap's first port: 9092, 
 single broker's address is.
 
 Replication is min(3, nodes) with ``min.insync.replicas=2`` from three up, for the brokers'
-own topics (committed offsets, transaction state) and, through ``schemas.topics.ensure_topics``,
+own topics (committed offsets, transaction state) and, through ``rlpulse.schemas.topics.ensure_topics``,
 the pipeline's: with one node of three down, ``acks=all`` producers and group commits go on.
 """
 

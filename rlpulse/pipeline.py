@@ -186,7 +186,7 @@ class Pipeline:
         windows are closed, which is known one of two ways:
 
         * ``until``: the condition the caller waits for, e.g. "the expected rows are in ClickHouse"
-          (read through ``sinks.clickhouse.open_reader`` while the sink holds a chDB store). It is
+          (read through ``rlpulse.sinks.clickhouse.open_reader`` while the sink holds a chDB store). It is
           asked once both groups are at lag 0 and must hold twice in a row, half a second apart.
         * Without it (``rlpulse demo``, which cannot know its rows in advance): the streams stay at
           lag 0 long enough that a run gone idle was closed by the wall clock (twice the allowed

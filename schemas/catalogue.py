@@ -1,6 +1,6 @@
 """The one catalogue of names: topics, the record types on each, their keys and ClickHouse tables.
 
-Record types and their fields come from the ``.avsc`` files (``schemas.codec.load_schemas``);
+Record types and their fields come from the ``.avsc`` files (``rlpulse.schemas.codec.load_schemas``);
 this module only says where each record type travels and lands. Every other module derives its
 topic lists, table names and columns from here.
 """
@@ -123,7 +123,7 @@ def topic_key(short: str) -> tuple[str, ...]:
         raise ValueError(f"topic {short} carries {len(records)} record types, not one: ask record_key per record")
     return record_key(records[0])
 
-# The streams app's Faust tables (their changelog topics are created up front, see schemas.topics).
+# The streams app's Faust tables (their changelog topics are created up front, see rlpulse.schemas.topics).
 STREAM_TABLES = ("runs", "gpus")
 
 

@@ -8,7 +8,7 @@ not know reads as the enum's default.
 
 Parsed writer schemas are cached by the header's schema bytes. A writer schema equal to the
 reader's needs no resolution: its uncompressed blocks are read by the C extension
-``schemas._blockdecode`` (about 1.4 µs per Span record against fastavro's 9.5), which can also
+``rlpulse.schemas._blockdecode`` (about 1.4 µs per Span record against fastavro's 9.5), which can also
 skip the fields a caller does not want. Anything else (an older or newer writer, a compressed
 block, no extension built) is read by fastavro with full schema resolution.
 """
@@ -235,7 +235,7 @@ def _endless(schema: Any) -> str | None:
     return None
 
 
-# Public: ``schemas.limits`` refuses such a writer schema from a container's header, before any block is read.
+# Public: ``rlpulse.schemas.limits`` refuses such a writer schema from a container's header, before any block is read.
 endless = _endless
 
 

@@ -2,8 +2,8 @@
 
 Anyone who can reach a raw topic can write any bytes to it, so a container is checked against
 one :class:`Limits` by :func:`check_container` before anything is decoded: the sink before it
-buffers a message for ClickHouse (``sinks.message_checks``), the streams before they decode one
-(``streams.inputs``). The same numbers give the same outcome for the same message everywhere: a
+buffers a message for ClickHouse (``rlpulse.sinks.message_checks``), the streams before they decode one
+(``rlpulse.streams.inputs``). The same numbers give the same outcome for the same message everywhere: a
 message over a bound is refused with a reason naming the bound (the sink dead-letters it, the
 streams count it, log it and leave it out of every figure).
 
@@ -11,7 +11,7 @@ Only the framing is read: the header, each block's count and size, the sync mark
 blocks are inflated by a streaming decompressor with a maximum output, so a deflate bomb is
 never inflated beyond the limit (and its output is counted, not kept). A writer schema that lets
 a few bytes claim endless values (an array of nulls whose block says 2**62 items:
-``schemas.codec.endless``) or that nests deeper than the limit is refused from the header alone.
+``rlpulse.schemas.codec.endless``) or that nests deeper than the limit is refused from the header alone.
 """
 
 from __future__ import annotations

@@ -266,7 +266,7 @@ class Settings:
     def kafka_client_kwargs(self) -> dict[str, object]:
         """Keyword arguments for aiokafka clients: bootstrap servers and security settings.
 
-        ``streams.app._credentials`` gives Faust the same settings in its own form."""
+        ``rlpulse.streams.app._credentials`` gives Faust the same settings in its own form."""
         kwargs: dict[str, object] = {"bootstrap_servers": self.kafka_bootstrap}
         if self.kafka_security_protocol != "PLAINTEXT":
             kwargs["security_protocol"] = self.kafka_security_protocol
