@@ -4,7 +4,7 @@ ClickHouse decodes every table the sink writes (spans, steps, gpu_samples, place
 grader_failures, grader_windows, step_stats, reward_histograms, completion_length_histograms,
 alerts): the sink hands it the message bytes and one ``INSERT … SELECT`` per table, and no
 record is decoded in Python. Nothing is derived from hand-written column lists: the columns are
-the fields of the reader ``.avsc`` (``schemas.codec.load_schemas``) that the table has, and each
+the fields of the reader ``.avsc`` (``rlpulse.schemas.codec.load_schemas``) that the table has, and each
 field's expression follows from its Avro type and the table's column type:
 
 * ``bytes`` -> ``lower(hex(x))``: the tables keep ids (trace_id, span_id, parent_span_id) as hex.
@@ -51,7 +51,7 @@ class InsertPlan:
     columns: tuple[str, ...]  # table columns written, in SELECT order
     structure: str  # for file(…, 'Avro', structure) / input(structure)
     select: str  # the SELECT expression list, one per column
-    expressions: tuple[str, ...] = ()  # the same expressions one by one (sinks.kafka_engine names each for its view)
+    expressions: tuple[str, ...] = ()  # the same expressions one by one (rlpulse.sinks.kafka_engine names each for its view)
 
     def sql_from_file(self, database: str, path: str, token: str) -> str:
         """The INSERT for an embedded engine (chDB) reading the container from a file."""

@@ -171,7 +171,7 @@ def open_reader(dsn: str, owner: str = "rlpulse") -> Store:
     """Open ``dsn`` for read-only work (query, report, watch).
 
     A chDB store held by a sink is reached through the sink's read endpoint
-    (``sinks.read_endpoint``): the Store's client is then a clickhouse-connect HTTP client on
+    (``rlpulse.sinks.read_endpoint``): the Store's client is then a clickhouse-connect HTTP client on
     loopback, and ``store.endpoint`` its URL. A free store is opened directly; one held by a
     process that serves no reads (``rlpulse migrate``) raises StoreBusyError.
     """
@@ -201,7 +201,7 @@ def migrate(store: Store, ttl_raw_days: int = 90, ttl_aggregate_days: int = 365,
     The TTLs (raw events, aggregates) apply to the tables a migration creates; change them on
     existing tables with ``ALTER TABLE … MODIFY TTL``. ``until`` (a migration's name) stops
     after that one: a test can build an old store and migrate it forward. ``cluster`` (a
-    ``remote_servers`` name) runs each statement in its cluster form (``sinks.cluster_ddl``):
+    ``remote_servers`` name) runs each statement in its cluster form (``rlpulse.sinks.cluster_ddl``):
     replicated ``<table>_local`` parts and a Distributed table under each table's own name.
     """
     from rlpulse.sinks import cluster_ddl
@@ -239,7 +239,7 @@ def migration_statements(path: Path, db: str, ttl_raw_days: int = 90, ttl_aggreg
                          cluster: str = "") -> list[str]:
     """The statements of migration file ``path`` as migrate() runs them (the compose stack's sink user
     must be granted what these need: deploy/clickhouse/users.d/rlpulse.xml); with ``cluster``, their
-    ON CLUSTER forms (``sinks.cluster_ddl``)."""
+    ON CLUSTER forms (``rlpulse.sinks.cluster_ddl``)."""
     sql = path.read_text().replace("{db}", db).replace("{ttl_raw_days}", str(int(ttl_raw_days)))
     statements = _statements(sql.replace("{ttl_aggregate_days}", str(int(ttl_aggregate_days))))
     if not cluster:

@@ -1,6 +1,6 @@
 """The one escaping function of the report page.
 
-``sinks.html_report`` draws the page and ``sinks.trajectory_html`` its trajectories section; both
+``rlpulse.sinks.html_report`` draws the page and ``rlpulse.sinks.trajectory_html`` its trajectories section; both
 escape every text from the store through :func:`esc`, which lives here, below both, so the
 report imports the section and nothing imports back up.
 """

@@ -306,7 +306,7 @@ h2 {{ font-size: 17px; margin: 8px 0; }}
 def render(store: Store, run_id: str, attempt: int | None = None, step: int | None = None,
            sample: str | None = None) -> str:
     """The whole page as a string. ``attempt`` None: the latest attempt that has data (or 0).
-    ``step``/``sample``: whose trajectories the page shows (default: see sinks.trajectories.select)."""
+    ``step``/``sample``: whose trajectories the page shows (default: see rlpulse.sinks.trajectories.select)."""
     note = ""
     if attempt is None:
         found = latest_attempt(store, run_id)

@@ -8,7 +8,7 @@ hardware topic carries both GPU samples and placements). The sink then reads the
 only (``RLPULSE_SINK_RAW=0``), so no raw event is written twice by two writers.
 
 Nothing here is written by hand: each view's SELECT is the sink's own per-column expressions
-(``sinks.avro_sql.build_plan`` on the reader ``.avsc`` and the table's columns: ids as hex, an
+(``rlpulse.sinks.avro_sql.build_plan`` on the reader ``.avsc`` and the table's columns: ids as hex, an
 unknown enum symbol as the enum's default, attributes as strings, checked narrowing casts), so
 the views produce the rows the sink produces. Where they differ:
 
@@ -125,7 +125,7 @@ def errors_table_statement(db: str, ttl_days: int) -> str:
 def statements(db: str, columns: dict[str, dict[str, str]], engine: KafkaEngine, cluster: str = "",
                ttl_days: int = 90) -> list[str]:
     """The DDL: the errors table, then per raw topic its Kafka table, a view per table it loads
-    and its errors view. ``columns``: table -> column -> type (``sinks.clickhouse.table_columns``)."""
+    and its errors view. ``columns``: table -> column -> type (``rlpulse.sinks.clickhouse.table_columns``)."""
     check_name("database", db)
     if engine.num_consumers < 1:
         raise ValueError("the Kafka engine needs at least one consumer per table")

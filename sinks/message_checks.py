@@ -1,10 +1,10 @@
-"""What the sink checks of each consumed message before buffering it (see ``sinks.sink``).
+"""What the sink checks of each consumed message before buffering it (see ``rlpulse.sinks.sink``).
 
 Only the container framing is read in Python, against the bounds every reader of a container
-shares (``schemas.limits``: records, decoded bytes with bounded decompression, blocks, schema
+shares (``rlpulse.schemas.limits``: records, decoded bytes with bounded decompression, blocks, schema
 nesting, a writer schema whose blocks could claim endless items); then the record type against
 the topic and the writer schema against the reader schema. No record is decoded here:
-ClickHouse decodes every table (see ``sinks.avro_sql``).
+ClickHouse decodes every table (see ``rlpulse.sinks.avro_sql``).
 """
 
 from __future__ import annotations

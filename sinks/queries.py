@@ -245,7 +245,7 @@ def _text(v: Any) -> str:
 
 
 def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "table") -> str:
-    """Rows as ``table`` (``sinks.report.print_table``'s aligned text), ``csv`` (a header, then rows; NULL
+    """Rows as ``table`` (``rlpulse.sinks.report.print_table``'s aligned text), ``csv`` (a header, then rows; NULL
     empty, arrays and maps as JSON, times in ISO 8601) or ``json`` (a list of objects; NaN and inf as null)."""
     if fmt == "table":
         from rlpulse.sinks.report import print_table

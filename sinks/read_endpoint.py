@@ -11,7 +11,7 @@ ClickHouse sends them (``X-ClickHouse-Exception-Code``, a ``Code: N. DB::Excepti
 
 Each request runs on a chDB connection of its own, opened on the engine the sink already hosts
 (cheap: ~0.1 ms), so a query never shares session state with the sink's inserts; it is closed
-after the request. What may run there, read-only and within limits, is ``sinks.read_engine``'s.
+after the request. What may run there, read-only and within limits, is ``rlpulse.sinks.read_engine``'s.
 
 Every request but ``/ping`` must carry the user ``rlpulse`` and the password the sink drew at
 start (``secrets.token_urlsafe``), as HTTP basic auth (what clickhouse-connect and Grafana send)

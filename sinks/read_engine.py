@@ -1,4 +1,4 @@
-"""The SQL side of the sink's read endpoint (``sinks.read_endpoint``): one request's query run
+"""The SQL side of the sink's read endpoint (``rlpulse.sinks.read_endpoint``): one request's query run
 read-only on a chDB connection of its own, within :class:`ReadLimits`.
 
 Before the query, on that connection: the request's settings, only those on an allowlist a reader

@@ -2,14 +2,14 @@
 have ClickHouse decode the buffered containers in one insert per table.
 
 Per message, on the hot path, only the container framing is read in Python (magic, header,
-block sizes and sync markers: ``schemas.codec.read_header`` and ``blocks``), and its record
+block sizes and sync markers: ``rlpulse.schemas.codec.read_header`` and ``blocks``), and its record
 type is checked against the topic, its writer schema against the reader schema, and its size
-against the sink's :class:`Limits` (``sinks.message_checks``). Anything that fails goes to the
+against the sink's :class:`Limits` (``rlpulse.sinks.message_checks``). Anything that fails goes to the
 dead-letter topic with the reason, and the sink goes on. No record is decoded here: ClickHouse decodes every table (see
-``sinks.avro_sql``).
+``rlpulse.sinks.avro_sql``).
 
-Two parts, as in quixstreams: a :class:`~sinks.checkpoint.Checkpoint` decides when to commit
-and commits offsets only after every table's insert is in; a :class:`~sinks.writer.TableWriter`
+Two parts, as in quixstreams: a :class:`~rlpulse.sinks.checkpoint.Checkpoint` decides when to commit
+and commits offsets only after every table's insert is in; a :class:`~rlpulse.sinks.writer.TableWriter`
 writes one table's batch with its retry policy. A checkpoint is written in a task while the
 poll loop waits; when an insert fails (ClickHouse busy, read-only, unreachable) or takes long,
 the loop pauses every assigned partition and keeps calling ``getmany``, so the consumer stays in

@@ -7,7 +7,7 @@ order. Nothing read is dropped silently: a span whose parent is missing (never s
 or in another trace) is shown at the root and marked; a parent cycle is broken the same way;
 past the per-trajectory cap the page says how many spans it did not show.
 
-This module reads and links (``select``, ``build_tree``); ``sinks.trajectory_html.render_section``
+This module reads and links (``select``, ``build_tree``); ``rlpulse.sinks.trajectory_html.render_section``
 draws the page's "Trajectories" section from it. Reads use FINAL and keep one row per span_id,
 so a replayed offset range or a span exported twice shows once.
 """
@@ -26,7 +26,7 @@ SAMPLE_LIST_CAP = 50  # other samples of the step listed by name
 NO_SAMPLE = "no sample id"
 
 # The sample a rollout answered: the Span field, or an OpenTelemetry attribute for spans made
-# through producers.otel (it fills the typed fields it knows, and keeps every attribute).
+# through rlpulse.producers.otel (it fills the typed fields it knows, and keeps every attribute).
 SAMPLE_SQL = "if(ifNull(sample_id, '') != '', sample_id, nullIf(attributes['rlpulse.sample_id'], ''))"
 
 

@@ -1,7 +1,7 @@
 """Drawing the trajectories of one sample at one step: the report page's "Trajectories" section.
 
 ``render_section`` returns it (native ``<details>``: no script); what it shows is read by
-``sinks.trajectories.select``. Every text from the store goes through ``esc``.
+``rlpulse.sinks.trajectories.select``. Every text from the store goes through ``esc``.
 """
 
 from __future__ import annotations

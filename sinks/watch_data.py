@@ -1,6 +1,6 @@
 """What one frame of ``rlpulse watch`` shows: plain dataclasses, no reads and no drawing.
 
-``sinks.watch`` fills them from ClickHouse and ``sinks.watch_view`` lays them out; both import
+``rlpulse.sinks.watch`` fills them from ClickHouse and ``rlpulse.sinks.watch_view`` lays them out; both import
 them from here, so the view needs nothing of the module that reads the store.
 """
 

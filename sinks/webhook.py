@@ -1,6 +1,6 @@
 """The webhook client of ``rlpulse alerts``: POSTs one alert as JSON, retrying transient failures.
 
-See ``sinks.alert_feed`` for the delivery contract (ids, retries, giving up, secrets in URLs).
+See ``rlpulse.sinks.alert_feed`` for the delivery contract (ids, retries, giving up, secrets in URLs).
 """
 
 from __future__ import annotations

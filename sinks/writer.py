@@ -1,8 +1,8 @@
 """Writes one table's batch of Avro containers to ClickHouse, with the retry policy.
 
 The batch's messages are grouped by writer schema; each group is concatenated into one
-container (``schemas.codec.concat``: blocks copied, nothing decoded) and ClickHouse decodes it
-in one ``INSERT … SELECT`` (see ``sinks.avro_sql``). Retry policy, per insert (:func:`classify`):
+container (``rlpulse.schemas.codec.concat``: blocks copied, nothing decoded) and ClickHouse decodes it
+in one ``INSERT … SELECT`` (see ``rlpulse.sinks.avro_sql``). Retry policy, per insert (:func:`classify`):
 
 * ClickHouse rejects the data (a parse or type error, a value that does not fit, a corrupt Avro
   block: :data:`CONTENT_CODES`): split the group in halves by message, recursively, until the
@@ -96,7 +96,7 @@ def classify(exc: BaseException) -> str:
 
 
 class InsertFault:
-    """The ``insert_error`` fault injected on purpose for the tests (``schemas.faults``):
+    """The ``insert_error`` fault injected on purpose for the tests (``rlpulse.schemas.faults``):
     ``RLPULSE_FAULTS="insert_error=252:3"`` makes the first 3 inserts raise the error ClickHouse
     raises for code 252 (TOO_MANY_PARTS), in the real insert path, before ClickHouse is called;
     ``insert_error=252`` makes every insert raise it."""
