@@ -2,7 +2,7 @@
 
 An *episode* runs from the first FIRING record of a (rule, key) to its RESOLVED record; in
 between, a rule that still holds produces nothing. After RESOLVED the next firing opens a new
-episode. As in ``streams.windows``, state lives in mappings passed in (Faust tables in
+episode. State lives in mappings passed in (Faust tables in
 production, plain dicts in tests), values are JSON-able dicts that are replaced, never mutated
 in place, and time comes in as ``now_ns`` (wall clock of the stream processor).
 

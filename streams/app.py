@@ -1,7 +1,7 @@
 """The Faust application: binds the worker to topics, tables and timers, and nothing more.
 
 * ``runs`` agent: ``spans``, ``steps`` and ``ticks``, co-partitioned by ``project/run_id``; every
-  figure and alert of a run comes from :class:`streams.runs.RunProcessor`, its state one entry of
+  figure and alert of a run comes from :class:`rlpulse.streams.runs.RunProcessor`, its state one entry of
   the ``runs`` table written once per message.
 * ``gpus`` agent: ``hardware`` and ``ticks``; XID and slowdown alerts per GPU.
 * A timer sends one tick to every partition of ``ticks`` twice a second: a Faust table can only
@@ -11,7 +11,7 @@
   rebalance alone takes ``broker_session_timeout``, and a run whose messages are still in Kafka
   is neither idle nor silent.
 
-What each event does (offsets, catch-up, ticks, publishing) is :class:`streams.worker.StreamsWorker`,
+What each event does (offsets, catch-up, ticks, publishing) is :class:`rlpulse.streams.worker.StreamsWorker`,
 which knows no Faust type; the adapters below give it Faust's consumer and topics.
 
 Processing is at-least-once (``concurrency=1``); replays are skipped by the sequence marks kept
@@ -59,7 +59,7 @@ FAUST_TUNING: dict[str, Any] = {
 
 
 class FaustTopics:
-    """Faust's topics as the worker's publisher (``streams.worker.Publisher``), by short name."""
+    """Faust's topics as the worker's publisher (``rlpulse.streams.worker.Publisher``), by short name."""
 
     def __init__(self, topics: Mapping[str, faust.TopicT]):
         self.topics = topics
@@ -69,8 +69,8 @@ class FaustTopics:
 
 
 class FaustConsumer:
-    """Faust's consumer as the worker's ``streams.commits.ConsumerView``, partitions converted both
-    ways. The committed offsets and the commit itself are Faust's private parts: see streams.commits
+    """Faust's consumer as the worker's ``rlpulse.streams.commits.ConsumerView``, partitions converted both
+    ways. The committed offsets and the commit itself are Faust's private parts: see rlpulse.streams.commits
     for why this worker commits at all, through Faust's own path (producer flushed first)."""
 
     def __init__(self, app: faust.App):

@@ -11,7 +11,7 @@ seen here after a worker restart. Every ``interval`` seconds this commits, for e
 partition, the offset after the last message the agents finished, where Faust has committed
 less. It goes through Faust's own commit path (``_commit_offsets``: producer flushed first, so
 outputs and changelog are written before the offset moves), the one private call of the app;
-``streams.app`` adapts Faust's consumer to :class:`ConsumerView`, all this module sees of it.
+``rlpulse.streams.app`` adapts Faust's consumer to :class:`ConsumerView`, all this module sees of it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class TopicPartition(NamedTuple):
 
 
 class ConsumerView(Protocol):
-    """What :class:`ProcessedOffsets` reads of the group's consumer (Faust's, adapted in ``streams.app``)."""
+    """What :class:`ProcessedOffsets` reads of the group's consumer (Faust's, adapted in ``rlpulse.streams.app``)."""
 
     def committed(self, tp: TopicPartition) -> int | None:
         """The group's committed offset of ``tp`` as the consumer holds it; None for none yet
@@ -94,7 +94,7 @@ class TickWatch:
 
 
 class DropFault:
-    """A fault injected on purpose for the tests: ``drop_first=N`` (``schemas.faults``) makes the consumer
+    """A fault injected on purpose for the tests: ``drop_first=N`` (``rlpulse.schemas.faults``) makes the consumer
     take the first N messages of each input partition as read without handing them to the agents.
     That is what faust-streaming 0.15.3 does now and then to a batch fetched while it restores its
     changelog (its drain loop records the offset although the flow was suspended and the message

@@ -2,7 +2,7 @@
 
 A message that cannot be decoded (random bytes, a truncated container, a record type that does
 not belong on the topic, a writer schema readers refuse) or that breaks the sink's limits
-(``schemas.limits``: records, decoded bytes with bounded decompression, blocks, schema nesting,
+(``rlpulse.schemas.limits``: records, decoded bytes with bounded decompression, blocks, schema nesting,
 endless arrays; the same numbers as the sink's, checked before anything is decoded) is skipped,
 counted and logged with its place and the reason, so no record of it reaches a figure; the sink dead-letters the raw message, so nothing is lost silently, and the
 messages around it are processed as usual.
@@ -47,7 +47,7 @@ class Inputs:
 
 
 class KafkaRanges:
-    """The worker's range reader (``streams.worker.RangeReader``) on the broker: :func:`read_range`
+    """The worker's range reader (``rlpulse.streams.worker.RangeReader``) on the broker: :func:`read_range`
     with the client settings of the moment (``Settings.kafka_client_kwargs``)."""
 
     def __init__(self, client_kwargs: Callable[[], dict[str, Any]]):

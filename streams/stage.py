@@ -1,6 +1,6 @@
 """Processors bound to a table: load a key's state, apply a message or a tick, write it once.
 
-The Faust app gives these its tables; the test harness (``streams.testing``) gives them dicts.
+The Faust app gives these its tables; the test harness (``rlpulse.streams.testing``) gives them dicts.
 Either way the table is written once per message (one changelog record), never per event.
 
 A Faust table can only be written while an event of the partition that owns the key is being
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class Stage(Protocol):
-    """What the worker (``streams.worker``) drives, for either agent: a message's records, or a tick."""
+    """What the worker (``rlpulse.streams.worker``) drives, for either agent: a message's records, or a tick."""
 
     def on_message(self, topic: str, partition: int, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
         """The records of one message of ``topic`` (a short name) on ``partition``; the outputs to publish."""

@@ -10,7 +10,7 @@ app drives, so what it shows is what the worker does, minus Kafka::
     h.advance(30)                      # wall clock moves; ticks run
     h.latest("grader-failures")        # {(project, run_id, attempt, term, cause, start): record}
 
-:class:`WorkerHarness` drives the worker itself (:class:`streams.worker.StreamsWorker`, both
+:class:`WorkerHarness` drives the worker itself (:class:`rlpulse.streams.worker.StreamsWorker`, both
 stages) over an in-memory broker: messages are Avro containers at offsets, and what Faust's
 consumer does wrong can be injected: offsets it takes as read without handing them over (a gap,
 or a catch-up's tail), ticks that arrive late, a crash and the replay of what was not committed::
@@ -143,7 +143,7 @@ class Harness(OutputReader):
 
 class MemoryBroker:
     """What the worker sees of Kafka and the clock, in memory: its publisher, range reader,
-    consumer (``streams.commits.ConsumerView``) and clock. Each topic partition is a list of
+    consumer (``rlpulse.streams.commits.ConsumerView``) and clock. Each topic partition is a list of
     message values (its log); what the worker publishes is decoded back into :attr:`outputs`,
     its ticks appended to the ``ticks`` log."""
 

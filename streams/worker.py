@@ -1,10 +1,10 @@
 """The streams worker: what the two agents do with each event, free of Faust.
 
-``streams.app`` binds Faust to it: each agent hands over its events (topic, partition, offset,
+``rlpulse.streams.app`` binds Faust to it: each agent hands over its events (topic, partition, offset,
 value), the timers call :meth:`StreamsWorker.send_ticks`, :meth:`~StreamsWorker.report` and
 :meth:`~StreamsWorker.commit_behind`, and Faust's consumer and topics are adapted to the small
-protocols here (and :class:`streams.commits.ConsumerView`). The test harness
-(``streams.testing.WorkerHarness``) gives it an in-memory broker instead.
+protocols here (and :class:`rlpulse.streams.commits.ConsumerView`). The test harness
+(``rlpulse.streams.testing.WorkerHarness``) gives it an in-memory broker instead.
 
 Per event, one at a time in each agent (``concurrency=1``):
 
@@ -49,7 +49,7 @@ class Publisher(Protocol):
 class RangeReader(Protocol):
     async def read_range(self, tp: TopicPartition, first: int, end: int) -> list[tuple[int, bytes | None]]:
         """Offsets ``first`` up to ``end`` (excluded) of ``tp`` as (offset, value); fewer when the
-        log no longer holds them (``streams.inputs.read_range``)."""
+        log no longer holds them (``rlpulse.streams.inputs.read_range``)."""
         ...
 
 
@@ -168,7 +168,7 @@ class StreamsWorker:
         self._throughput = (now, p.applied)
 
     async def commit_behind(self) -> dict[TopicPartition, int]:
-        """Commit the offsets Faust's own commit left behind (faust-streaming #318, see streams.commits)."""
+        """Commit the offsets Faust's own commit left behind (faust-streaming #318, see rlpulse.streams.commits)."""
         committed = await self.processed.commit_behind(self.consumer)
         if committed:
             log.info("committed %d partitions Faust had left behind", len(committed))
