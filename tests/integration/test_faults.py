@@ -34,7 +34,7 @@ DOWN_S = 30  # the streams' downtime
 # Found by this test, fixed: about 1 restart in 3 under load, faust-streaming 0.15.3 takes a batch
 # fetched while it restores its changelog as read without handing it to the agent, so a window
 # counted short. The worker now notices offsets it was never handed and reads them itself
-# (streams.commits.ProcessedOffsets.missed / take_stuck, streams.inputs.read_range).
+# (rlpulse.streams.commits.ProcessedOffsets.missed / take_stuck, rlpulse.streams.inputs.read_range).
 def test_streams_down_longer_than_the_idle_silence_and_stall_limits_while_jobs_publish(settings: Settings) -> None:
     # The downtime only has to outlast the limits it tests: 30 s against idle 20 s (2 x the default
     # lateness), silence 10 s and stall 15 s (it was 2 minutes against 30 s and 60 s: the same test).
@@ -77,7 +77,7 @@ BROKER_DOWN_S = 15
 
 # Found by this test, fixed: the worker's first ticks after the broker's return came before the
 # jobs' buffered events, a run looked idle and a window closed short (an alert on partial figures);
-# streams.commits.TickWatch now treats a late tick or a gap between ticks as a new catch-up.
+# rlpulse.streams.commits.TickWatch now treats a late tick or a gap between ticks as a new catch-up.
 def test_broker_down_longer_than_the_sdk_buffer_holds_while_jobs_publish(own_broker, tmp_path) -> None:
     settings = dataclasses.replace(own_broker.settings, topic_prefix="brokerdown", home=tmp_path,
                                    clickhouse_url=f"chdb://{tmp_path / 'clickhouse'}", partitions=2, window=10.0,

@@ -221,7 +221,7 @@ def test_garbage_and_the_wrong_record_type_are_dead_lettered_and_neighbours_land
 
 
 def test_truncated_and_oversize_containers_are_dead_lettered_and_neighbours_land(settings: Settings) -> None:
-    """The sink's limits (``sinks.sink.Limits``), here 50 records and 64 KiB of decoded records a
+    """The sink's limits (``rlpulse.sinks.sink.Limits``), here 50 records and 64 KiB of decoded records a
     message: one record over, one byte-heavy record over, and containers cut short in the header
     and in a block go to the dead-letter topic with their reasons; the good messages between
     them, in the same checkpoint, land whole."""

@@ -2,7 +2,7 @@
 
 The refusal is a fault injected on purpose at the insert call, in the real insert path:
 ``RLPULSE_FAULTS="insert_error=252:4"`` makes the first 4 inserts raise the error the driver
-raises for TOO_MANY_PARTS (see ``sinks.writer.InsertFault``). Everything else is real: the
+raises for TOO_MANY_PARTS (see ``rlpulse.sinks.writer.InsertFault``). Everything else is real: the
 broker, chDB, ``rlpulse sink`` as a child process. Each test checks: events sent = rows found
 exactly; the dead-letter topic empty; the sink stayed in its group (one partition assignment in
 its whole life, and consumption paused then resumed); offsets committed only once the insert

@@ -246,7 +246,7 @@ def wait_processed(settings: Settings, shorts: tuple[str, ...], timeout: float =
 
 
 # "skipped offsets": the restarted worker is also handed the first message of each partition as
-# read without processing it (the fault drop_first, injected on purpose: schemas.faults), as
+# read without processing it (the fault drop_first, injected on purpose: rlpulse.schemas.faults), as
 # faust-streaming 0.15.3 does now and then to a batch fetched while it restores its changelog: the
 # worker must notice the offsets it never got, seek back to them and count them.
 @pytest.mark.full  # a fault: make test-all

@@ -4,7 +4,7 @@ fault tests (test_faults) and the scale-out tests (test_scale_*).
 Jobs are ``TrainingTelemetry`` instances in threads, a step a second. A step's clipped rollouts
 and zero rewards are its last rollouts, in patterns that make alerts fire and resolve, so a
 step judged before all of it was read would give other figures and other alerts. The expected
-alerts are the alert rules (``streams.alerting``, unit-tested) applied to the true figures in
+alerts are the alert rules (``rlpulse.streams.alerting``, unit-tested) applied to the true figures in
 order: the question is whether the rules saw complete figures, once each.
 """
 
@@ -352,9 +352,9 @@ def alerts_published(settings: Settings, rule: str | None = None) -> list[dict[s
 
 
 def sequence_gaps(log_dir: Path) -> dict[str, int]:
-    """Records the streams workers logged as never reaching them (``streams.runs``: a run's sequence
+    """Records the streams workers logged as never reaching them (``rlpulse.streams.runs``: a run's sequence
     jumped), per worker log: what faust-streaming 0.15.3 skips now and then when a worker gets a
-    partition (see ``streams.commits.ProcessedOffsets.missed``)."""
+    partition (see ``rlpulse.streams.commits.ProcessedOffsets.missed``)."""
     out = {}
     for path in sorted(log_dir.glob("streams*.log")):
         n = sum(int(m.group(1)) for m in re.finditer(r"(\d+) records never reached this worker", path.read_text()))

@@ -1,4 +1,4 @@
-"""The one bounded container decoder (``schemas.limits``) against the hostile containers of issue 18:
+"""The one bounded container decoder (``rlpulse.schemas.limits``) against the hostile containers of issue 18:
 each is refused quickly, with a reason naming the bound, by the sink's checks and the streams' decode alike."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The local Kafka cluster's per-node config (rlpulse.cluster) and the topics' replication rule
-(schemas.topics): what `rlpulse services up --brokers 3` writes, read back as Kafka would."""
+(rlpulse.schemas.topics): what `rlpulse services up --brokers 3` writes, read back as Kafka would."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from rlpulse.streams.commits import TopicPartition as TP
 
 
 class GroupOffsets:
-    """What ``missed`` reads of the consumer (streams.commits.ConsumerView): the group's committed offsets."""
+    """What ``missed`` reads of the consumer (rlpulse.streams.commits.ConsumerView): the group's committed offsets."""
 
     def __init__(self, committed: dict[TP, int]):
         self.committed_offsets = committed

@@ -367,7 +367,7 @@ def test_a_poison_rollout_is_skipped_and_logged_without_touching_its_step(caplog
 
 
 def test_poison_messages_between_good_ones_are_skipped_logged_and_change_no_figure(caplog):
-    """As the agents decode: each message through streams.inputs, the good ones into the processor."""
+    """As the agents decode: each message through rlpulse.streams.inputs, the good ones into the processor."""
     from rlpulse.schemas.codec import Codec
     from rlpulse.streams.inputs import Inputs
 

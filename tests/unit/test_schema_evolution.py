@@ -1,7 +1,7 @@
 """Schema evolution through the real codec into the run processor, both ways.
 
 Containers are written by fastavro with a modified writer schema (as a newer or an older SDK
-would write them), decoded as the streams decode them (``streams.inputs``: the record type
+would write them), decoded as the streams decode them (``rlpulse.streams.inputs``: the record type
 checked, spans projected to the fields the processor reads; the C block decoder where the writer
 schema is ours, fastavro with schema resolution where it is not) and fed to the processor
 through the harness.

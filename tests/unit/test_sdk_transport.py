@@ -1,6 +1,6 @@
 """The SDK end to end through an ``InMemoryTransport``: no broker, the same containers Kafka would get.
 
-What a user of the SDK checks: the messages decode (``schemas.codec``) to exactly the records of
+What a user of the SDK checks: the messages decode (``rlpulse.schemas.codec``) to exactly the records of
 the calls made; sequence ids rise by one per topic; a failing destination keeps the buffer and
 ``flush()`` says how many events wait; a full buffer drops and counts; nothing arrives twice.
 """
@@ -206,7 +206,7 @@ def test_enum_names_are_the_avsc_symbols():
 
 def test_no_module_lists_the_enum_symbols_again():
     """Every tuple of string literals under producers/, streams/ and sinks/ that holds two or more
-    span kinds, step types, trainers or grader outcomes is a copy that should import schemas.enums."""
+    span kinds, step types, trainers or grader outcomes is a copy that should import rlpulse.schemas.enums."""
     names = set(enums.SPAN_KINDS) | set(enums.enum_symbols("Step", "type")) | set(enums.GRADER_OUTCOMES)
     copies = []
     for folder in ("producers", "streams", "sinks"):

@@ -1,4 +1,4 @@
-"""The streams worker driven through the harness (streams.testing.WorkerHarness): real Avro
+"""The streams worker driven through the harness (rlpulse.streams.testing.WorkerHarness): real Avro
 messages at offsets, and what Faust's consumer does wrong injected on purpose: offsets it takes as
 read without handing them over, a catch-up that makes no progress, ticks that arrive late, a
 crash and the replay of what was not committed. Each test asserts the exact outputs."""

@@ -1,4 +1,5 @@
-"""The span tree of a trajectory (sinks.trajectories.build_tree, sinks.trajectory_html.tree_html), without a store."""
+"""The span tree of a trajectory, without a store: rlpulse.sinks.trajectories.build_tree and
+rlpulse.sinks.trajectory_html.tree_html."""
 
 from __future__ import annotations
 
