@@ -43,6 +43,9 @@ _READ_KINDS = ("SelectWithUnionQuery", "SelectIntersectExceptQuery", "DescribeQu
 _READ_PREFIXES = ("Show", "SHOW ", "Exists")
 # Nodes whose direct Literal child can only be an INTO OUTFILE target (or its compression).
 _OUTPUT_NODES = _READ_KINDS + _READ_PREFIXES
+# A request is answered by this multiple of its max_execution_time, even when the engine, which
+# checks the limit only between blocks, has not stopped the query yet.
+ABANDON_AFTER = 1.5
 _DENIED_FUNCTION = re.compile(r"^\s*Function (file|python|arrowstream)\b", re.IGNORECASE | re.MULTILINE)
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class Engine:
         self._path = os.path.realpath(store_path)  # clickhouse-connect opened it by this spelling
         self.limits = limits
         self.slots = threading.BoundedSemaphore(limits.max_concurrent)
+        self.abandoned = 0  # queries answered at their deadline while the engine went on
         with self._conn() as conn:
             self.timezone = conn.query("SELECT timezone()", "TabSeparatedRaw").bytes().decode().strip()
             self.version = conn.query("SELECT version()", "TabSeparatedRaw").bytes().decode().strip()
@@ -132,14 +136,36 @@ class Engine:
 
     def answer(self, sql: str, default_format: str, params: Mapping[str, str], settings: Mapping[str, str],
                database: str | None) -> Answer:
+        limit = float(reader_settings(settings, self.limits)[0]["max_execution_time"])  # refuses bad settings first
         if not self.slots.acquire(timeout=self.limits.max_execution_time):
             raise QueryFailed(202, f"Code: 202. DB::Exception: Too many simultaneous queries on the read endpoint: "
                                    f"{self.limits.max_concurrent} run at once. (TOO_MANY_SIMULTANEOUS_QUERIES)")
-        try:
-            with self._conn() as conn:
-                return self._run(conn, sql, default_format, params, settings, database)
-        finally:
-            self.slots.release()
+        # The engine checks max_execution_time between blocks only: one block of heavy work (an
+        # arraySort of 10^8 elements) ran 5 times past it, and chDB's cancel waits for the block too.
+        # So the query runs in a thread of its own and the request is answered at the deadline
+        # whatever happens; an abandoned query keeps its slot (max_concurrent bounds them) until it ends.
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                with self._conn() as conn:
+                    outcome["answer"] = self._run(conn, sql, default_format, params, settings, database)
+            except BaseException as exc:  # noqa: BLE001 - handed to the request's thread
+                outcome["error"] = exc
+            finally:
+                self.slots.release()
+                done.set()
+
+        threading.Thread(target=run, name="rlpulse-read-query", daemon=True).start()
+        if not done.wait(limit * ABANDON_AFTER if limit > 0 else None):
+            self.abandoned += 1
+            raise QueryFailed(159, f"Code: 159. DB::Exception: Timeout exceeded: the query ran past {limit:g} s "
+                                   f"(max_execution_time) and its answer was abandoned at {limit * ABANDON_AFTER:g} s. "
+                                   "(TIMEOUT_EXCEEDED)")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["answer"]
 
     def _run(self, conn: Any, sql: str, default_format: str, params: Mapping[str, str],
              settings: Mapping[str, str], database: str | None) -> Answer:
