@@ -17,6 +17,7 @@ the copy: ``FINAL``, or after a merge), so the ledger keeps plain counts exact, 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -35,27 +36,65 @@ SOURCE_TOPIC = "rlpulse.source.topic"
 SOURCE_PARTITION = "rlpulse.source.partition"
 SOURCE_OFFSET = "rlpulse.source.offset"
 REPLAY_OF = "rlpulse.replay.of"  # on a republished message: the dead letter it came from
+# On a dead letter whose original was too big for the broker: the bytes kept are its first ones.
+ORIGINAL_SIZE = "rlpulse.original.size"  # the original value's size in bytes
+ORIGINAL_SHA256 = "rlpulse.original.sha256"  # hex digest of the whole original value
+TRUNCATED = "rlpulse.truncated"  # "value" (and "key" when the key was cut too)
 LEDGER_TOPIC = "dlq-replayed"
+# What a dead letter's key and value may take together: under the producer's default
+# max_request_size and the broker's default message.max.bytes (both 1 MiB), with room for the
+# headers and the record batch's framing. A message consumed can be far bigger (a 20 MiB value
+# compressed to kilobytes on the wire: the broker checks only the compressed batch); sent whole,
+# the producer raises MessageSizeTooLargeError and the sink would crash on it at every restart.
+MAX_LETTER_BYTES = 1_000_000
+MAX_REASON_BYTES = 4096
+MAX_KEY_BYTES = 4096  # in a letter too big, a key over this is cut too (the SDK's keys are project/run ids)
 
 
-def _headers(msg: object, reason: str) -> list[tuple[str, bytes]]:
-    return [
-        (REASON, reason.encode()),
+@dataclass(frozen=True)
+class Letter:
+    """What is published for one dead letter: the original bytes, or their first bytes when too big."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+def build_letter(msg: object, reason: str, max_bytes: int = MAX_LETTER_BYTES) -> Letter:
+    """The dead letter of ``msg`` (an aiokafka ConsumerRecord): within ``max_bytes`` of key and
+    value, a too-big original kept truncated, with its size and sha256 digest in the headers."""
+    key, value = msg.key, msg.value  # type: ignore[attr-defined]
+    headers = [
+        (REASON, reason.encode()[:MAX_REASON_BYTES]),
         (SOURCE_TOPIC, msg.topic.encode()),  # type: ignore[attr-defined]
         (SOURCE_PARTITION, str(msg.partition).encode()),  # type: ignore[attr-defined]
         (SOURCE_OFFSET, str(msg.offset).encode()),  # type: ignore[attr-defined]
     ]
+    cut = []
+    if len(key or b"") + len(value or b"") <= max_bytes:
+        return Letter(key=key, value=value, headers=headers)
+    if key is not None and len(key) > MAX_KEY_BYTES:
+        key, cut = key[:MAX_KEY_BYTES], ["key"]
+    if value is not None and len(value) + len(key or b"") > max_bytes:
+        headers += [(ORIGINAL_SIZE, str(len(value)).encode()),
+                    (ORIGINAL_SHA256, hashlib.sha256(value).hexdigest().encode())]
+        value, cut = value[:max_bytes - len(key or b"")], ["value", *cut]
+    if cut:
+        headers.append((TRUNCATED, ",".join(cut).encode()))
+    return Letter(key=key, value=value, headers=headers)
 
 
 async def send_dead_letter(producer: AIOKafkaProducer, dlq_topic: str, msg: object, reason: str) -> None:
-    """Publish ``msg`` (an aiokafka ConsumerRecord) to ``dlq_topic`` and wait until the broker has it."""
-    await producer.send_and_wait(dlq_topic, value=msg.value, key=msg.key, headers=_headers(msg, reason))  # type: ignore[attr-defined]
+    """Publish ``msg``'s dead letter (:func:`build_letter`) to ``dlq_topic`` and wait until the broker has it."""
+    letter = build_letter(msg, reason)
+    await producer.send_and_wait(dlq_topic, value=letter.value, key=letter.key, headers=letter.headers)
 
 
 async def queue_dead_letter(producer: AIOKafkaProducer, dlq_topic: str, msg: object, reason: str) -> asyncio.Future:
     """Like :func:`send_dead_letter` without waiting: returns the delivery future, which the
     sink awaits before it commits the message's offset (no commit past a lost dead letter)."""
-    return await producer.send(dlq_topic, value=msg.value, key=msg.key, headers=_headers(msg, reason))  # type: ignore[attr-defined]
+    letter = build_letter(msg, reason)
+    return await producer.send(dlq_topic, value=letter.value, key=letter.key, headers=letter.headers)
 
 
 async def read_dead_letters(kafka_kwargs: dict, dlq_topic: str, limit: int = 100,
@@ -71,7 +110,10 @@ async def read_dead_letters(kafka_kwargs: dict, dlq_topic: str, limit: int = 100
         headers = {k: v.decode(errors="replace") for k, v in msg.headers}
         letters.append({
             "time": msg.timestamp, "source": f"{headers.get(SOURCE_TOPIC)}[{headers.get(SOURCE_PARTITION)}]@{headers.get(SOURCE_OFFSET)}",
-            "reason": headers.get(REASON, ""), "bytes": len(msg.value or b""), "replayed": replayed.get(_letter_id(msg), ""),
+            "reason": headers.get(REASON, ""), "replayed": replayed.get(_letter_id(msg), ""),
+            # the original's size: a truncated letter keeps it in its headers
+            "bytes": int(headers[ORIGINAL_SIZE]) if headers.get(ORIGINAL_SIZE, "").isdigit() else len(msg.value or b""),
+            "kept": len(msg.value or b""), "sha256": headers.get(ORIGINAL_SHA256, ""),
         })
     return sorted(letters, key=lambda d: d["time"])[-limit:]
 
@@ -92,6 +134,7 @@ class ReplayReport:
     already: int = 0  # replayed by an earlier replay (ledger, or below the group's offset)
     filtered: int = 0  # not matching --topic / --reason
     unroutable: int = 0  # no source topic in the headers: nowhere to send it
+    truncated: int = 0  # kept truncated (the original was too big for the broker): not replayable
 
 
 async def _exists(kafka_kwargs: dict, topic: str) -> bool:
@@ -165,6 +208,10 @@ async def replay_dead_letters(settings: Settings, topic: str | None = None, reas
                         continue
                     if not headers.get(SOURCE_TOPIC):
                         report.unroutable += 1
+                        continue
+                    if headers.get(TRUNCATED):  # only its first bytes were kept: republishing them would be garbage
+                        report.truncated += 1
+                        first_left[tp] = min(first_left[tp], msg.offset)
                         continue
                     if not _matches(headers, settings, topic, reason):
                         report.filtered += 1

@@ -148,3 +148,18 @@ def test_a_good_container_passes_with_its_counts_and_decodes() -> None:
     deflated = io.BytesIO()
     fastavro.writer(deflated, fastavro.parse_schema(SPAN), [span(i) for i in range(1, 4)], codec="deflate")
     assert check_container(deflated.getvalue(), Limits()).records == 3
+
+
+def test_a_dead_letter_too_big_for_the_broker_is_kept_truncated_with_its_size_and_digest() -> None:
+    import hashlib
+
+    from rlpulse.sinks.dlq import MAX_LETTER_BYTES, ORIGINAL_SHA256, ORIGINAL_SIZE, TRUNCATED, build_letter
+
+    value = os.urandom(1024) * (20 * 1024)  # 20 MiB
+    letter = build_letter(SimpleNamespace(topic="t.steps", partition=1, offset=9, key=b"p/r", value=value), "too big")
+    headers = dict(letter.headers)
+    assert len(letter.value) + len(letter.key) == MAX_LETTER_BYTES and value.startswith(letter.value)
+    assert headers[ORIGINAL_SIZE] == str(len(value)).encode() and headers[TRUNCATED] == b"value"
+    assert headers[ORIGINAL_SHA256] == hashlib.sha256(value).hexdigest().encode()
+    small = build_letter(SimpleNamespace(topic="t.steps", partition=1, offset=9, key=b"p/r", value=b"abc"), "bad")
+    assert small.value == b"abc" and ORIGINAL_SIZE not in dict(small.headers)
