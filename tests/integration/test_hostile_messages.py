@@ -10,7 +10,7 @@ Between two good training runs published by the SDK, anyone who can write to a r
 * finding 4: a deflate container that inflates to 200 MiB (the streams inflated it whole);
 * finding 5: 500,000 Span records in one gzip message (the streams applied them all).
 
-Each is refused by both processes with a reason naming the bound (``schemas.limits``): the sink
+Each is refused by both processes with a reason naming the bound (``rlpulse.schemas.limits``): the sink
 dead-letters it (the 20 MiB one kept truncated, with its original size and sha256), the streams
 count and log it; the good runs before and after land whole, no figure holds a hostile record,
 no process restarted, and SIGTERM stops the sink within 10 s.
