@@ -115,7 +115,7 @@ def test_a_migrated_store_without_rows_has_no_data_yet(empty: str) -> None:
 
 
 def test_a_held_store_names_its_holder(empty: str) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom sinks.clickhouse import open_store\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom rlpulse.sinks.clickhouse import open_store\n"
                                f"s = open_store({empty!r}, owner='the test holder')\nprint('held', flush=True)\n"
                                "sys.stdin.read()"],
                               env=_env(empty), cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
