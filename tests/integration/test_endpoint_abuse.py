@@ -12,6 +12,7 @@ import base64
 import gzip
 import os
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +22,9 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
-from rlpulse.pipeline import Pipeline
+from rlpulse.pipeline import Pipeline, lag
+from rlpulse.producers import TrainingTelemetry
+from rlpulse.schemas.catalogue import SINK_TOPICS
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.read_endpoint import Endpoint, find_endpoint
@@ -227,3 +230,69 @@ def test_connection_flood_and_slow_queries(sink: Sink) -> None:
     started = time.monotonic()
     status, _, body = sink.get("SELECT 7")
     assert (status, body) == (200, "7\n") and time.monotonic() - started < 2
+
+
+def ingest_seconds(settings: Settings, run_id: str) -> float:
+    """Seconds from publishing one grader event to the sink having committed it (nothing left to consume)."""
+    started = time.monotonic()
+    with TrainingTelemetry(project="abuse", run_id=run_id, attempt=1, trainer="rl", settings=settings) as tel:
+        tel.grader(step=0, rollout_id="r0", term="judge", outcome="ok", duration_s=0.1, score=1.0)
+        assert tel.flush(30) == 0
+    while sum(lag(settings, settings.sink_group, SINK_TOPICS).values()) > 0:
+        assert time.monotonic() - started < 60, "the sink stopped ingesting"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_ingest_goes_on_under_abuse(settings: Settings, sink: Sink) -> None:
+    """The endpoint under a flood of connections, bombs and slow queries: the sink's ingest latency
+    stays within 2 s of the same measure without them."""
+    quiet = ingest_seconds(settings, "quiet")
+    stop, seen = threading.Event(), {"connections": 0, "bombs answered": 0, "slow queries answered": 0}
+    bomb = gzip.compress(b"\0" * (1 << 28), 9) * 8
+
+    def flood() -> None:
+        while not stop.is_set():
+            held = []
+            for _ in range(200):
+                try:
+                    held.append(socket.create_connection(sink.address, timeout=2))
+                    seen["connections"] += 1
+                except OSError:
+                    pass
+            time.sleep(0.3)
+            for s in held:
+                s.close()
+
+    def bombs() -> None:
+        while not stop.is_set():
+            sink.raw(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+                     % len(bomb) + bomb, timeout=5)
+            answer, _, _ = sink.raw(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + sink.auth_line + b"Content-Encoding: gzip"
+                                    b"\r\nContent-Length: %d\r\n\r\n" % len(bomb) + bomb, timeout=5)
+            seen["bombs answered"] += answer.startswith((b"HTTP/1.1 400 ", b"HTTP/1.1 503 "))
+
+    def slow() -> None:
+        while not stop.is_set():
+            try:
+                status, _, _ = sink.get("SELECT sum(cityHash64(number)) FROM numbers(100000000000)", "&max_execution_time=2")
+                seen["slow queries answered"] += status in (408, 503)
+            except OSError:  # refused while the flood holds every connection
+                time.sleep(0.1)
+
+    workers = [threading.Thread(target=f, daemon=True) for f in (flood, bombs, slow, slow)]
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(2)  # the abuse is under way
+        abused = [ingest_seconds(settings, f"abused-{i}") for i in range(3)]
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(timeout=30)
+    print(f"ingest: {quiet:.2f} s quiet, {', '.join(f'{a:.2f}' for a in abused)} s under abuse; {seen}")
+    assert all(seen.values()), seen  # the abuse did happen
+    assert max(abused) - quiet < 2.0, (quiet, abused)
+    sink.pipeline.check_alive()
+    status, _, body = sink.get("SELECT count() FROM rlpulse.spans FINAL WHERE project = 'abuse'")
+    assert (status, body) == (200, "4\n")
