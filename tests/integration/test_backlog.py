@@ -30,6 +30,7 @@ from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.topics import ensure_topics, read_topic
 from rlpulse.sinks.clickhouse import open_store
 from rlpulse.streams.histograms import reward_bucket
+from tests.integration import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]  # backlogs, crashes and redeliveries: make test-all
 
@@ -101,7 +102,7 @@ def test_a_backlog_published_before_the_streams_ever_started_is_exact(settings: 
     time.sleep(settings.allowed_lateness + 1)  # the backlog is older than the lateness by any clock
     with Pipeline(settings) as pipeline:
         pipeline.start()
-        pipeline.wait_caught_up(time.time_ns() + int((settings.allowed_lateness + settings.heartbeat_interval + 3) * NS))
+        pipeline.wait_caught_up(until=until.counts(settings, {"step_stats": len(truth["steps"])}))  # every run ended
         pipeline.stop()
     figures = read_figures(settings)
     assert figures["failures"] == truth["failures"]
@@ -169,7 +170,6 @@ def test_duplicate_sends_and_a_redelivery_after_a_crash_change_no_figure(setting
     settings = backlog_settings(settings)
     ensure_topics(settings)
     asyncio.run(_publish_twice(settings))
-    caught_up = int((settings.allowed_lateness + 3) * NS)
     with Pipeline(settings) as pipeline:
         # The first worker never commits (a commit interval longer than it lives), then dies with
         # SIGKILL: its replacement gets every message again, on top of the state it left.
@@ -184,7 +184,7 @@ def test_duplicate_sends_and_a_redelivery_after_a_crash_change_no_figure(setting
         pipeline.stop(("streams",), sig=signal.SIGKILL)
         assert sum(lag(settings, settings.app_id, RAW_TOPICS).values()) > 0  # nothing was committed
         pipeline.start(("streams",))
-        pipeline.wait_caught_up(time.time_ns() + caught_up)
+        pipeline.wait_caught_up(until=until.counts(settings, {"step_stats": 2}))  # the run ended (RUN_END)
         pipeline.stop()
     figures = read_figures(settings)
     assert figures["failures"] == {("d1", "timeout"): 10}

@@ -2,30 +2,25 @@
 ``Pipeline.wait_caught_up(until=...)``.
 
 They replace fixed quiet periods: the test waits exactly until the rows it will check are in,
-however fast or slow the machine. A chDB store is read only through the running sink's read
-endpoint: opened directly from the test, even for a moment, it would lock out a sink that is
-still starting.
+however fast or slow the machine. A chDB store is read through ``open_reader``: through the read
+endpoint of the sink that holds it, or, when no process holds it (a sink that was killed), opened
+for the moment of the query. ``wait_caught_up`` asks only once the sink's group is at lag 0, so
+a running sink has its store by then: the query never takes a store from a sink still starting.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import urlsplit
 
 from rlpulse.schemas.settings import Settings
 from rlpulse.sinks.clickhouse import StoreBusyError, open_reader
-from rlpulse.sinks.read_endpoint import find_endpoint
 
 
 def query(settings: Settings, sql: str) -> list[tuple] | None:
     """The rows of ``sql`` (``$db`` stands for the database), or None while the store cannot be
-    read yet (no sink holds it and serves reads)."""
-    dsn = settings.clickhouse_dsn
-    if dsn.startswith("chdb:") and find_endpoint(Path(urlsplit(dsn).path), wait=0) is None:
-        return None
+    read yet (held by a process that serves no reads)."""
     try:
-        store = open_reader(dsn, owner="test waiting for rows")
+        store = open_reader(settings.clickhouse_dsn, owner="test waiting for rows")
     except StoreBusyError:
         return None
     try:
