@@ -3,7 +3,10 @@
 * ``--backend=local|containers|all`` picks the backends the integration tests run against
   (``tests/integration/conftest.py``): ``local`` (the default) is the broker of ``rlpulse
   services up`` and chDB; ``containers`` is Kafka and ClickHouse server containers
-  (testcontainers, needs a Docker engine; ``make test-containers``).
+  (testcontainers, needs a Docker engine; ``make test-containers``). What a backend does not run
+  is deselected, not skipped: a normal run shows no containers variants skipped for want of Docker.
+* The tiers are markers (pyproject.toml): ``make test`` runs ``-m "not full"``, ``make test-all``
+  everything.
 * :func:`unavailable`: what a test calls when a tool it needs is missing (chromium, tmux, the C
   decoder). It skips on a developer's machine and fails under ``CI=true``, where a missing tool
   would otherwise turn a tested component into a quiet SKIPPED.
