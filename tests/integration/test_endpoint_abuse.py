@@ -171,6 +171,7 @@ def test_lengths_bombs_and_crlf(sink: Sink) -> None:
                                         + b"\r\n" + endless)
         assert (status_of(answer), closed) == (400, True) and b"invalid chunk size" in answer and took < 5, chunk
     assert sink.rss_mb() - rss < 200, (rss, sink.rss_mb())  # was +3.1 GB for one 2 MB request
+    print(f"sink RSS {rss:.0f} MB before the bombs and bad lengths, {sink.rss_mb():.0f} MB after")
     # CRLF in query_id, before and after authentication: never a header of its own.
     for auth, expected in ((b"", 403), (sink.auth_line, 400)):
         answer, _, _ = sink.raw(b"POST /?query_id=x%0d%0aSet-Cookie:%20stolen=1%0d%0a HTTP/1.1\r\nHost: 127.0.0.1\r\n"
