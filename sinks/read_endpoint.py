@@ -201,6 +201,9 @@ class _Handler(BaseHTTPRequestHandler):
                                         f"password in the '{ENDPOINT_FILE}' file of its store directory, as HTTP basic "
                                         "auth or X-ClickHouse-User/X-ClickHouse-Key headers. (AUTHENTICATION_FAILED)"))
             return
+        if not post and (self.headers.get("Content-Length", "0").strip() not in ("", "0")
+                         or "Transfer-Encoding" in self.headers):
+            self.close_connection = True  # a GET's body is not read: the next request cannot be found after it
         try:
             body = self._body() if post else b""
         except QueryFailed as exc:
