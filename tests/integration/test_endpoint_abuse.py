@@ -29,7 +29,7 @@ from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.read_endpoint import Endpoint, find_endpoint
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # security (abuse, ~35 s): make test-all
 # In the sink's environment only: no answer may carry it (file('/proc/self/environ') would).
 CANARY = "abuse-canary-6f1d2c9e7b"
 ENVIRON = "toUInt8(file('/proc/self/environ'))=1"
