@@ -219,9 +219,10 @@ class _Handler(BaseHTTPRequestHandler):
             for part in message.iter_parts():
                 name = part.get_param("name", header="content-disposition")
                 if name and part.get_filename() is None:
+                    payload = part.get_payload(decode=True)
                     try:
-                        args[str(name)] = part.get_payload(decode=True).decode()
-                    except (AttributeError, UnicodeDecodeError):
+                        args[str(name)] = payload.decode() if isinstance(payload, bytes) else ""
+                    except UnicodeDecodeError:
                         raise BadRequest(f"form field {str(name)[:40]!r} is not UTF-8 text") from None
             body = b""
         query_id = args.get("query_id") or str(uuid.uuid4())
@@ -332,7 +333,7 @@ class _Server(ThreadingHTTPServer):
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:  # one line, never a traceback
-        log.warning("read endpoint: connection from %s failed: %s", client_address[0], sys.exc_info()[0].__name__)
+        log.warning("read endpoint: connection from %s failed: %s", client_address[0], type(sys.exc_info()[1]).__name__)
 
 
 class ReadEndpoint:
