@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -59,7 +59,8 @@ async def offsets_async(settings: Settings, group: str,
         await consumer.stop()
 
 
-def offsets(settings: Settings, group: str, shorts: tuple[str, ...]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+def offsets(settings: Settings, group: str,
+            shorts: tuple[str, ...]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     return asyncio.run(offsets_async(settings, group, shorts))
 
 
@@ -205,8 +206,11 @@ class Pipeline:
             self.check_alive()
             if time.time_ns() >= closes_at_ns + 1_500_000_000:
                 # only the processes this pipeline runs: a sink alone need not wait for streams
-                streams_lag = sum(lag(self.settings, self.settings.app_id, STREAMS_TOPICS).values()) if self.running("streams") else 0
-                sink_lag = sum(lag(self.settings, self.settings.sink_group, sink_topics(self.settings.sink_raw)).values()) if self.running("sink") else 0
+                streams_lag = sink_lag = 0
+                if self.running("streams"):
+                    streams_lag = sum(lag(self.settings, self.settings.app_id, STREAMS_TOPICS).values())
+                if self.running("sink"):
+                    sink_lag = sum(lag(self.settings, self.settings.sink_group, sink_topics(self.settings.sink_raw)).values())
                 state = (streams_lag, sink_lag)
                 if state != last:
                     progress(f"waiting: streams lag {streams_lag}, sink lag {sink_lag}")
@@ -227,7 +231,7 @@ class Pipeline:
         what = "and the condition waited for never held " if until is not None else ""
         raise TimeoutError(f"pipeline did not catch up {what}in {timeout:.0f}s; logs in {self.log_dir}")
 
-    def __enter__(self) -> "Pipeline":
+    def __enter__(self) -> Pipeline:
         return self
 
     def __exit__(self, *exc: object) -> None:

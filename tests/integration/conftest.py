@@ -22,7 +22,7 @@ import shutil
 import socket
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 

@@ -20,7 +20,8 @@ import json
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -153,14 +154,16 @@ def traced_job(settings: Settings) -> None:
         provider = TracerProvider()
         provider.add_span_processor(BatchSpanProcessor(tel.span_exporter()))
         tracer = provider.get_tracer("agent")
-        with tracer.start_as_current_span("process", attributes={"rlpulse.kind": "ROLLOUT", "rlpulse.rollout_id": "ro-1", "rlpulse.step": 4}):
+        with tracer.start_as_current_span("process", attributes={"rlpulse.kind": "ROLLOUT", "rlpulse.rollout_id": "ro-1",
+                                                                 "rlpulse.step": 4}):
             with tracer.start_as_current_span("chat", attributes={"rlpulse.kind": "LLM", "gen_ai.usage.output_tokens": 57}):
                 pass
             with tracer.start_as_current_span("tool:search", attributes={"rlpulse.kind": "TOOL"}) as tool:
                 with tracer.start_as_current_span("http", attributes={"http.status": 503}) as http:
                     http.set_status(Status(StatusCode.ERROR, "upstream down"))
                 tool.set_attribute("retried", True)
-        with tracer.start_as_current_span("score", attributes={"rlpulse.kind": "REWARD", "rlpulse.rollout_id": "ro-1", "rlpulse.reward": 0.75}):
+        with tracer.start_as_current_span("score", attributes={"rlpulse.kind": "REWARD", "rlpulse.rollout_id": "ro-1",
+                                                               "rlpulse.reward": 0.75}):
             with tracer.start_as_current_span("judge", attributes={"rlpulse.kind": "LLM"}):
                 pass
         provider.shutdown()  # exports what the batch processor holds

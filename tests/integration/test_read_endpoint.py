@@ -1,6 +1,7 @@
 """Reading a live pipeline's chDB store: while ``rlpulse sink`` holds it, its read endpoint answers
 ``rlpulse query``, ``rlpulse report`` and clickhouse-connect over ClickHouse's HTTP interface on
-loopback, read-only, to the password in the store's 0600 endpoint file only; once the sink stops, the endpoint file is gone and the CLI opens the store itself.
+loopback, read-only, to the password in the store's 0600 endpoint file only; once the sink stops,
+the endpoint file is gone and the CLI opens the store itself.
 
 The pipeline runs as a user runs it (``rlpulse streams`` and ``rlpulse sink`` children), the
 workload comes from the SDK, and the CLI runs in subprocesses.

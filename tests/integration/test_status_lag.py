@@ -51,7 +51,7 @@ async def publish(settings: Settings, counts: dict[tuple[str, int], int]) -> Non
     await producer.start()
     try:
         for (short, partition), n in counts.items():
-            for i in range(n):
+            for _ in range(n):
                 await producer.send_and_wait(settings.topic(short), b"offsets only", partition=partition)
     finally:
         await producer.stop()

@@ -10,7 +10,8 @@ a running sink has its store by then: the query never takes a store from a sink 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rlpulse.schemas.settings import Settings
 from rlpulse.sinks.clickhouse import StoreBusyError, open_reader

@@ -18,7 +18,8 @@ import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rlpulse.producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, offsets
@@ -258,7 +259,8 @@ def read_figures(settings: Settings, dsn: str | None = None) -> dict[str, Any]:
         where = "WHERE project = {p:String}"
         return {
             "failures": {(r, t, c, s): n for r, t, c, s, n in rows(
-                f"SELECT run_id, term, cause, window_start_ns, failures FROM $db.grader_failures FINAL {where} AND failures > 0")},
+                f"SELECT run_id, term, cause, window_start_ns, failures FROM $db.grader_failures FINAL {where} "
+                "AND failures > 0")},
             "windows": {(r, t, s): (g, f) for r, t, s, g, f in rows(
                 f"SELECT run_id, term, window_start_ns, graded, failures FROM $db.grader_windows FINAL {where}")},
             "steps": {(r, s): (n, c) for r, s, n, c in rows(
