@@ -9,6 +9,8 @@ hands each part the one it acts on. Unset, there are none, and no code path chan
 * ``insert_error=CODE[:COUNT]``: the sink's inserts raise ClickHouse error CODE (the first COUNT
   of them, or every one), in the real insert path, before ClickHouse is called.
 * ``kill_after_inserts=N``: the sink SIGKILLs itself after its N-th insert, before the commit.
+* ``slow_insert=S``: a sink insert whose container carries the bytes ``rlpulse-fault:slow-insert``
+  hangs S seconds in its insert thread (an engine stuck on it), unless the sink stops it first.
 * ``drop_first=N``: the streams worker's consumer takes the first N messages of each input
   partition as read without handing them to the agents (Faust's recovery skip, reproduced).
 
@@ -34,6 +36,7 @@ class Faults:
     insert_error: str = ""  # "CODE" or "CODE:COUNT"
     kill_after_inserts: int = 0
     drop_first: int = 0
+    slow_insert: int = 0  # seconds
 
     @classmethod
     def parse(cls, text: str) -> "Faults":

@@ -15,13 +15,16 @@ poll loop waits; when an insert fails (ClickHouse busy, read-only, unreachable) 
 the loop pauses every assigned partition and keeps calling ``getmany``, so the consumer stays in
 its group however long the outage lasts, and resumes once the checkpoint is in. A stop
 (SIGTERM) gives the checkpoint being written ``stop_grace`` seconds, then abandons it without
-committing: the next sink reads those offsets again.
+committing: the next sink reads those offsets again. Each insert has a time limit
+(``insert_limit_s``, see ``rlpulse.sinks.writer``): a message whose insert runs past it is dead-lettered,
+and an insert an engine cannot stop never holds a stop: the process exits without it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -61,7 +64,8 @@ class ClickHouseSink:
     """Consumes the raw and derived topics into the tables of ``store``."""
 
     def __init__(self, settings: Settings, store: Store, policy: Policy | None = None, limits: Limits | None = None,
-                 backoff: Backoff | None = None, stop_grace: float = 5.0, max_poll_interval_ms: int = 300_000):
+                 backoff: Backoff | None = None, stop_grace: float = 5.0, max_poll_interval_ms: int = 300_000,
+                 insert_limit_s: float = 30.0):
         self.settings = settings
         self.store = store
         self.policy = policy or Policy()
@@ -70,7 +74,8 @@ class ClickHouseSink:
         self._topics = {settings.topic(short): short for short in sink_topics(settings.sink_raw)}
         self._dlq = settings.topic(DLQ_TOPIC)
         self._plans = Plans(table_columns(store))
-        self._inserter = inserter_for(store, settings.faults)  # the faults the tests switch on, if any
+        self._inserter = inserter_for(store, settings.faults, insert_limit_s)  # the faults the tests switch on, if any
+        self.insert_left_running = False  # set at the stop: an insert the engine could not stop is still running
         self._backoff = backoff or Backoff()
         self._stop_grace = stop_grace
         self._max_poll_interval_ms = max_poll_interval_ms
@@ -261,7 +266,7 @@ class ClickHouseSink:
             if self._flush is not None and not self._flush.done():  # an error in the loop: commit nothing more
                 self._flush.cancel()
                 await asyncio.wait({self._flush})
-            self._inserter.close()
+            self.insert_left_running = not self._inserter.close()
             await self._producer.stop()
             await consumer.stop()
 
@@ -301,6 +306,12 @@ async def serve(settings: Settings, store: Store, batch_rows: int = 100_000, flu
     st = sink.stats
     log.info("sink stopped: rows %s, dead letters %d, inserts retried %d, checkpoints abandoned uncommitted %d",
              st.rows, st.dead_letters, st.retries, st.abandoned)
+    if sink.insert_left_running:
+        # An engine in this process is stuck inside a statement: closing its store would wait on it
+        # (for ever, for a block claiming 2**62 items). Nothing of its checkpoint was committed.
+        log.error("sink exiting with an insert still running in the engine; its offsets were not committed")
+        logging.shutdown()
+        os._exit(0)
     return sink.stats
 
 

@@ -11,6 +11,10 @@ in one ``INSERT … SELECT`` (see ``rlpulse.sinks.avro_sql``). Retry policy, per
   unknown table): keep the rows, back off (doubling, capped), retry for as long as it lasts.
   The writer tells its ``on_retry`` hook, so the sink pauses consumption meanwhile; nothing is
   dropped and the offsets stay uncommitted.
+* An insert that runs past its time limit (``limit_s``; ClickHouse's own ``max_execution_time``
+  stops it cooperatively, the sink stops waiting a little later): its messages are inserted one
+  at a time, and the one still too slow alone is dead-lettered with the reason. A stuck insert
+  can never hold the sink, nor a stop (SIGTERM), for longer than its limit.
 * Any other error is retried the same way, with a log line naming it every few tries. A good
   batch must never reach the dead-letter topic because of an error nobody classified: a stalled
   sink is visible (lag, log) and heals itself once the cause is fixed; dead-lettered rows would
@@ -82,8 +86,22 @@ def error_code(exc: BaseException) -> int | None:
     return int(match.group(1)) if match else None
 
 
+class InsertTimeout(Exception):
+    """An insert ran past its time limit and was stopped (or, in an engine that cannot stop it, left behind)."""
+
+
+class InsertStillRunning(OSError):
+    """An earlier insert that ran past its limit has not ended yet: an outage, retried until it has."""
+
+
+SLOW_INSERT_MARK = b"rlpulse-fault:slow-insert"  # the bytes that trigger the slow_insert fault (rlpulse.schemas.faults)
+
+
 def classify(exc: BaseException) -> str:
-    """'rejected' (the rows: bisect and dead-letter), 'outage' (known: retry) or 'unknown' (retry, logged as such)."""
+    """'rejected' (the rows: bisect and dead-letter), 'slow' (past the time limit: one message at a
+    time, dead-letter the one too slow alone), 'outage' (known: retry) or 'unknown' (retry, logged as such)."""
+    if isinstance(exc, InsertTimeout):
+        return "slow"
     if isinstance(exc, (IncompatibleSchema, DecodeError, DataError)):
         return "rejected"  # our own checks of the container, or the driver's of the data
     code = error_code(exc)
@@ -147,18 +165,26 @@ class Inserter(ABC):
 
     ``faults`` (``Settings.faults``) are the faults injected on purpose by the fault tests:
     ``insert_error`` raises a ClickHouse error for the first inserts, ``kill_after_inserts``
-    SIGKILLs this process after its N-th insert, before the offset commit.
+    SIGKILLs this process after its N-th insert, before the offset commit, ``slow_insert`` hangs
+    an insert of a marked container.
+
+    ``limit_s`` bounds each insert's time: ClickHouse is asked to stop it at ``limit_s``
+    (``max_execution_time``, checked between blocks) and :meth:`run` stops waiting
+    :data:`STOP_GRACE_S` later, raising :class:`InsertTimeout`.
     """
 
-    # Whether close() waits for a running insert however long it takes (see close()).
-    wait_for_running = False
+    STOP_GRACE_S = 2.0
 
-    def __init__(self, store: Store, faults: Faults | None = None):
+    def __init__(self, store: Store, faults: Faults | None = None, limit_s: float = 30.0):
         faults = faults or Faults()
         self.store = store
+        self.limit_s = limit_s
         self._running: threading.Thread | None = None
+        self._given_up: threading.Thread | None = None  # the last insert whose wait ran out or was cancelled
+        self._cancel = threading.Event()  # set: the running insert was given up; not sent if not sent yet
         self._kill_after = faults.kill_after_inserts
         self._fault = InsertFault.from_faults(faults)
+        self._slow = faults.slow_insert
         self.inserts = 0
 
     @abstractmethod
@@ -168,10 +194,16 @@ class Inserter(ABC):
     def _cleanup(self) -> None:
         """Remove what the backend keeps between inserts (close() calls it once nothing runs)."""
 
-    def insert(self, plan: InsertPlan, data: bytes, dedup_token: str) -> None:
+    def insert(self, plan: InsertPlan, data: bytes, dedup_token: str, cancel: threading.Event | None = None) -> None:
         """Blocking. Raises what clickhouse-connect raises."""
         if self._fault is not None:
             self._fault.maybe_raise()
+        if self._slow and SLOW_INSERT_MARK in data:
+            log.warning("fault injection: this insert hangs %ds", self._slow)
+            if cancel is not None and cancel.wait(self._slow):  # stopped, as ClickHouse stops a query
+                raise InsertTimeout("stopped while it hung (fault injection)")
+        if cancel is not None and cancel.is_set():
+            raise InsertTimeout("given up before it was sent")
         self._send(plan, data, dedup_token)
         self.inserts += 1
         if self._kill_after and self.inserts >= self._kill_after:
@@ -179,9 +211,13 @@ class Inserter(ABC):
             os.kill(os.getpid(), signal.SIGKILL)
 
     async def run(self, plan: InsertPlan, data: bytes, dedup_token: str) -> None:
-        """:meth:`insert` on a daemon thread. A stopping sink may abandon the wait (a server that
-        stopped answering holds a request for minutes); :meth:`close` then decides whether to wait."""
+        """:meth:`insert` on a daemon thread, for at most ``limit_s`` (then :class:`InsertTimeout`).
+        A stopping sink may abandon the wait sooner; :meth:`close` then waits a bounded time."""
+        given_up = self._given_up
+        if given_up is not None and given_up.is_alive():  # an insert given up still runs in the engine
+            raise InsertStillRunning("an earlier insert that ran past its limit is still running")
         loop = asyncio.get_running_loop()
+        cancel = self._cancel = threading.Event()
         future: asyncio.Future[None] = loop.create_future()
 
         def settle(error: BaseException | None) -> None:
@@ -191,7 +227,7 @@ class Inserter(ABC):
         def work() -> None:
             error = None
             try:
-                self.insert(plan, data, dedup_token)
+                self.insert(plan, data, dedup_token, cancel)
             except BaseException as exc:  # handed to the awaiting task
                 error = exc
             try:
@@ -201,25 +237,43 @@ class Inserter(ABC):
 
         thread = threading.Thread(target=work, name="rlpulse-insert", daemon=True)
         self._running = thread
+        started = loop.time()
         thread.start()
-        await future
+        try:
+            await asyncio.wait_for(asyncio.shield(future), self.limit_s + self.STOP_GRACE_S)
+        except asyncio.TimeoutError:
+            cancel.set()
+            self._given_up = thread
+            raise InsertTimeout(f"insert ran past its limit of {self.limit_s:g}s and was stopped") from None
+        except asyncio.CancelledError:  # the sink gave up the checkpoint: nothing more is sent for it
+            cancel.set()
+            self._given_up = thread
+            raise
+        except Exception as exc:
+            if error_code(exc) == 159 and loop.time() - started >= 0.9 * self.limit_s:  # our max_execution_time
+                raise InsertTimeout(f"insert ran past its limit of {self.limit_s:g}s and ClickHouse stopped it") from exc
+            raise
 
-    def close(self, wait_s: float = 1.0) -> None:
-        """Remove the temp files. An insert still running in chDB is waited for (the engine lives in
-        this process and its store must not close under it); one on a server is left after ``wait_s``."""
+    def close(self, wait_s: float = 1.0) -> bool:
+        """Stop what runs and remove the temp files; False when an insert is still running after
+        ``wait_s`` (an engine stuck inside a statement). It is left behind: a stop must not wait
+        on it (its checkpoint is not committed, so its messages are read again)."""
+        self._cancel.set()
         running = self._running
         if running is not None and running.is_alive():
-            running.join(None if self.wait_for_running else wait_s)
+            running.join(wait_s)
+            if running.is_alive():
+                log.error("an insert is still running %.0fs after the stop; left behind uncommitted", wait_s)
+                return False
         self._cleanup()
+        return True
 
 
 class ChdbInserter(Inserter):
     """chDB: the statement reads the container from a private temp file."""
 
-    wait_for_running = True  # the engine lives in this process: its store must not close under an insert
-
-    def __init__(self, store: Store, faults: Faults | None = None):
-        super().__init__(store, faults)
+    def __init__(self, store: Store, faults: Faults | None = None, limit_s: float = 30.0):
+        super().__init__(store, faults, limit_s)
         self._dir: str | None = self._private_dir(store)
         self._seq = 0
         self._lock = threading.Lock()
@@ -243,7 +297,9 @@ class ChdbInserter(Inserter):
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            self.store.client.command(plan.sql_from_file(self.store.database, path, dedup_token))
+            # ClickHouse stops the statement itself at the limit (checked between blocks)
+            sql = plan.sql_from_file(self.store.database, path, dedup_token) + f", max_execution_time = {self.limit_s:g}"
+            self.store.client.command(sql)
         finally:
             os.unlink(path)
 
@@ -258,12 +314,12 @@ class HttpInserter(Inserter):
 
     def _send(self, plan: InsertPlan, data: bytes, dedup_token: str) -> None:
         self.store.client.command(plan.sql_from_input(self.store.database), data=data,
-                                  settings={"insert_deduplication_token": dedup_token})
+                                  settings={"insert_deduplication_token": dedup_token, "max_execution_time": self.limit_s})
 
 
-def inserter_for(store: Store, faults: Faults | None = None) -> Inserter:
+def inserter_for(store: Store, faults: Faults | None = None, limit_s: float = 30.0) -> Inserter:
     """The inserter of ``store``'s backend: chDB for a ``chdb:`` URL, else a server over HTTP."""
-    return (ChdbInserter if store.url.startswith("chdb:") else HttpInserter)(store, faults)
+    return (ChdbInserter if store.url.startswith("chdb:") else HttpInserter)(store, faults, limit_s)
 
 
 def _first_line(exc: BaseException, limit: int = 300) -> str:
@@ -341,6 +397,9 @@ class TableWriter:
                 if kind == "rejected":
                     await self._bisect(plan, schema_json, group, exc)
                     return
+                if kind == "slow":
+                    await self._one_at_a_time(plan, schema_json, group, exc)
+                    return
                 tries += 1
                 self.retries += 1
                 delay = self._backoff.delay(tries)
@@ -367,6 +426,16 @@ class TableWriter:
         middle = len(group) // 2
         for half in (group[:middle], group[middle:]):
             await self._insert(plan, schema_json, half)
+
+    async def _one_at_a_time(self, plan: InsertPlan, schema_json: bytes, group: list[Entry], exc: Exception) -> None:
+        """An insert past its limit: each message alone (not halves: each half holding the slow one
+        would cost a whole limit again); the one too slow alone is dead-lettered."""
+        if len(group) == 1:
+            await self._reject(group[0], f"{self.table} insert stopped: {exc}")
+            return
+        log.warning("insert of %d messages into %s: %s; inserting them one at a time", len(group), self.table, exc)
+        for entry in group:
+            await self._insert(plan, schema_json, [entry])
 
     async def _reject(self, entry: Entry, reason: str) -> None:
         msg = entry.msg

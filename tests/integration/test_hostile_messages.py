@@ -170,3 +170,61 @@ def test_the_streams_refused_each_with_its_reason_and_nothing_restarted(ran) -> 
     assert sink.count("sink consuming") == 1  # started once: it never exited on a hostile message
     assert sink.count("dead letter from") == len(HOSTILE)
     assert took < 10.0, took
+
+
+# -- finding 3: no insert is unbounded in time ----------------------------------------------------
+@pytest.mark.full  # an insert past the default 30 s limit, twice: ~80 s
+def test_an_insert_past_its_limit_is_dead_lettered_and_sigterm_mid_insert_exits_within_10s(settings: Settings,
+                                                                                              tmp_path) -> None:
+    """``RLPULSE_FAULTS=slow_insert=600``: an insert of a container carrying the fault's mark hangs
+    10 minutes in the real insert path (an engine stuck on it). The sink stops it at its 30 s limit,
+    inserts the checkpoint's messages one at a time and dead-letters the slow one with the reason;
+    the good ones land. Then SIGTERM during such an insert: exit 0 within 10 s, nothing of that
+    checkpoint committed or written; a sink without the fault then lands all of it."""
+    from rlpulse.schemas.faults import Faults
+    from rlpulse.sinks.dlq import read_dead_letters
+    from rlpulse.sinks.writer import SLOW_INSERT_MARK
+    from test_sink_avro import CODEC, publish, span
+    from test_sink_faults import dead_letter_count, offsets, plain_counts, start_sink, stop_sink, wait_committed
+
+    ensure_topics(settings)
+    slow = span(100, name=SLOW_INSERT_MARK.decode())
+    publish(settings, [("spans", CODEC.encode("Span", [span(i) for i in range(10)])), ("spans", CODEC.encode("Span", [slow])),
+                       ("spans", CODEC.encode("Span", [span(i) for i in range(10, 20)]))])
+    log = tmp_path / "sink.log"
+    fault = Faults(slow_insert=600).env()
+    proc = start_sink(settings, log, env=fault)
+    try:
+        waited = wait_committed(settings, proc, log, timeout=150)
+        [letter] = asyncio.run(read_dead_letters(settings.kafka_client_kwargs(), settings.topic(DLQ_TOPIC)))
+        assert "spans insert stopped: insert ran past its limit of 30s" in letter["reason"], letter
+        assert letter["source"].endswith("@1") and waited >= 30
+        assert until.query(settings, "SELECT count() FROM $db.spans") == [(20,)]  # through the sink's endpoint
+        # SIGTERM while the next such insert hangs
+        before_end, before = offsets(settings)
+        publish(settings, [("spans", CODEC.encode("Span", [span(i) for i in range(20, 25)])),
+                           ("spans", CODEC.encode("Span", [dict(slow, sequence_id=101)]))])
+        deadline = time.monotonic() + 60
+        while log.read_text().count("this insert hangs") < 3:  # alone twice (whole group, then alone) before
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)  # well inside the insert
+        code, took = stop_sink(proc, timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 0 and took < 10.0, (code, took, text[-2000:])
+    assert "checkpoint abandoned uncommitted" in text
+    assert offsets(settings)[1] == before  # nothing committed past what was written
+    assert plain_counts(settings)["spans"] == 20 and dead_letter_count(settings) == 1
+
+    proc = start_sink(settings, log)  # no fault: the rest, once (the slow mark is an ordinary span now)
+    try:
+        wait_committed(settings, proc, log)
+        assert stop_sink(proc)[0] == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert plain_counts(settings)["spans"] == 26 and dead_letter_count(settings) == 1
+    print(f"insert past its limit: dead-lettered after {waited:.1f}s; SIGTERM mid-insert: exit {code} in {took:.2f}s")
