@@ -133,7 +133,9 @@ def check_container(data: bytes | None, limits: Limits) -> Checked:
     Stops at the first bound broken: a block claiming 2**62 records is refused at that block, a
     deflate bomb after at most ``max_message_bytes`` of output.
     """
-    header = read_header(data)  # refuses None and short values with their size
+    if data is None:  # a tombstone
+        raise DecodeError("message too short for an Avro container (0 bytes)")
+    header = read_header(data)  # refuses short values with their size
     if header.codec not in CODECS:
         raise DecodeError(f"Avro container codec {header.codec!r} is not one of {', '.join(CODECS)}")
     why = schema_refusal(header.schema_json, limits)

@@ -109,7 +109,8 @@ async def read_dead_letters(kafka_kwargs: dict, dlq_topic: str, limit: int = 100
     for msg in await read_topic(kafka_kwargs, dlq_topic, last=limit):
         headers = {k: v.decode(errors="replace") for k, v in msg.headers}
         letters.append({
-            "time": msg.timestamp, "source": f"{headers.get(SOURCE_TOPIC)}[{headers.get(SOURCE_PARTITION)}]@{headers.get(SOURCE_OFFSET)}",
+            "time": msg.timestamp,
+            "source": f"{headers.get(SOURCE_TOPIC)}[{headers.get(SOURCE_PARTITION)}]@{headers.get(SOURCE_OFFSET)}",
             "reason": headers.get(REASON, ""), "replayed": replayed.get(_letter_id(msg), ""),
             # the original's size: a truncated letter keeps it in its headers
             "bytes": int(headers[ORIGINAL_SIZE]) if headers.get(ORIGINAL_SIZE, "").isdigit() else len(msg.value or b""),
@@ -226,7 +227,7 @@ async def replay_dead_letters(settings: Settings, topic: str | None = None, reas
         if dry_run:
             return report
         # The broker has every republished message before any is written down as replayed.
-        for msg, headers, delivery in sends:
+        for _, headers, delivery in sends:
             meta = await delivery
             report.replayed.append(_describe(headers, f"{meta.topic}[{meta.partition}]@{meta.offset}"))
         entries = [await producer.send(ledger, key=_letter_id(msg).encode(), value=json.dumps(

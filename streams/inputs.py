@@ -4,15 +4,17 @@ A message that cannot be decoded (random bytes, a truncated container, a record 
 not belong on the topic, a writer schema readers refuse) or that breaks the sink's limits
 (``rlpulse.schemas.limits``: records, decoded bytes with bounded decompression, blocks, schema nesting,
 endless arrays; the same numbers as the sink's, checked before anything is decoded) is skipped,
-counted and logged with its place and the reason, so no record of it reaches a figure; the sink dead-letters the raw message, so nothing is lost silently, and the
-messages around it are processed as usual.
+counted and logged with its place and the reason, so no record of it reaches a figure; the sink
+dead-letters the raw message, so nothing is lost silently, and the messages around it are
+processed as usual.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rlpulse.schemas.catalogue import BY_SHORT, SPANS_TOPIC
 from rlpulse.schemas.codec import Codec, DecodeError

@@ -23,7 +23,7 @@ import hashlib
 import re
 import signal
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -146,7 +146,7 @@ def test_each_hostile_message_is_one_dead_letter_with_its_reason(ran) -> None:
     for letter in letters:
         headers = {k: v.decode() for k, v in letter.headers}
         by_topic.setdefault(headers[SOURCE_TOPIC], []).append((letter, headers))
-    for short, value, reason in HOSTILE:
+    for short, _, reason in HOSTILE:
         matching = [(m, h) for m, h in by_topic[settings.topic(short)] if reason in h[REASON]]
         assert matching, (short, reason, [h[REASON] for _, h in by_topic[settings.topic(short)]])
     # Finding 2 (and the 500,000 records): too big for the broker, kept truncated with the original's size and digest.
