@@ -9,7 +9,8 @@ ClickHouse decodes every table (see ``rlpulse.sinks.avro_sql``).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from rlpulse.schemas.catalogue import BY_SHORT, TABLES
 from rlpulse.schemas.codec import DecodeError
