@@ -97,6 +97,11 @@ class InsertFault:
                             f"({name})", code=self.code, name=name)
 
 
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class Inserter(ABC):
     """Runs one INSERT of container bytes on a daemon thread; one subclass per backend, as each
     hands ClickHouse the bytes its own way (:func:`inserter_for` picks it by the store's URL).
@@ -182,10 +187,12 @@ class Inserter(ABC):
         except asyncio.TimeoutError:
             cancel.set()
             self._given_up = thread
+            future.add_done_callback(_retrieved)  # what it ends with, nobody awaits: not an unretrieved error
             raise InsertTimeout(f"insert ran past its limit of {self.limit_s:g}s and was stopped") from None
         except asyncio.CancelledError:  # the sink gave up the checkpoint: nothing more is sent for it
             cancel.set()
             self._given_up = thread
+            future.add_done_callback(_retrieved)
             raise
         except Exception as exc:
             if error_code(exc) == 159 and loop.time() - started >= 0.9 * self.limit_s:  # our max_execution_time

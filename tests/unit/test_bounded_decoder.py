@@ -163,3 +163,60 @@ def test_a_dead_letter_too_big_for_the_broker_is_kept_truncated_with_its_size_an
     assert headers[ORIGINAL_SHA256] == hashlib.sha256(value).hexdigest().encode()
     small = build_letter(SimpleNamespace(topic="t.steps", partition=1, offset=9, key=b"p/r", value=b"abc"), "bad")
     assert small.value == b"abc" and ORIGINAL_SIZE not in dict(small.headers)
+
+
+def test_an_insert_past_its_limit_dead_letters_only_the_slow_message_and_close_never_waits_on_it() -> None:
+    """The sink's writer (``rlpulse.sinks.writer``) with a backend that hangs on one message and
+    ignores being stopped for 0.6 s, over an insert limit of 0.2 s: the checkpoint's messages go
+    one at a time, each waiting while the given-up insert still runs; only the slow one is
+    dead-lettered. Then a backend stuck for good: close() leaves it behind at once."""
+    import asyncio
+    import threading
+
+    from rlpulse.schemas.codec import read_header
+    from rlpulse.sinks.writer import Backoff, Entry, Inserter, InsertTimeout, TableWriter
+
+    release = threading.Event()
+    hang = {"s": 0.6}
+    sent: list[bytes] = []
+
+    class Stuck(Inserter):
+        def _send(self, plan, data, dedup_token) -> None:  # noqa: ANN001 - the base class's signature
+            if b"slow-one" in data:
+                release.wait(hang["s"])  # deaf to the stop, as chDB skipping 2**62 items was
+                raise RuntimeError("Code: 159. TIMEOUT_EXCEEDED at last")
+            sent.append(data)
+
+    class OnePlan:
+        def plan(self, *args: object) -> None:
+            return None
+
+    inserter = Stuck(store=None, limit_s=0.2)  # type: ignore[arg-type]
+    inserter.STOP_GRACE_S = 0.1
+    letters: list[tuple[int, str]] = []
+
+    async def dead_letter(msg: object, reason: str) -> None:
+        letters.append((msg.offset, reason))  # type: ignore[attr-defined]
+
+    def entry(offset: int, name: str) -> Entry:
+        value = CODEC.encode("Span", [dict(span(offset + 1), name=name)])
+        return Entry(SimpleNamespace(topic="t.spans", partition=0, offset=offset, key=None, value=value),
+                     read_header(value), 1)
+
+    writer = TableWriter("spans", inserter, OnePlan(), dead_letter, Backoff(first=0.05, cap=0.1))  # type: ignore[arg-type]
+    started = time.monotonic()
+    asyncio.run(writer.write([entry(0, "ok"), entry(1, "slow-one"), entry(2, "ok")]))
+    assert [offset for offset, _ in letters] == [1]
+    assert "spans insert stopped: insert ran past its limit of 0.2s" in letters[0][1]
+    assert writer.rows == 2 and len(sent) == 2 and time.monotonic() - started < 5
+
+    hang["s"] = 30  # stuck for good
+    with pytest.raises(InsertTimeout):
+        asyncio.run(inserter.run(None, entry(3, "slow-one").msg.value, "t"))  # type: ignore[arg-type]
+    closing = time.monotonic()
+    assert inserter.close(wait_s=0.2) is False  # left behind: a stop never waits on it
+    assert time.monotonic() - closing < 1
+    release.set()
+    for thread in threading.enumerate():  # the threads left behind end now: none may outlive the test
+        if thread.name == "rlpulse-insert":
+            thread.join(5)
