@@ -157,6 +157,15 @@ def test_each_hostile_message_is_one_dead_letter_with_its_reason(ran) -> None:
         assert letter.value == value[:len(letter.value)] and len(letter.value) < 1 << 20
 
 
+def test_a_replay_skips_the_truncated_letters(ran) -> None:
+    """Only the first bytes of a truncated letter were kept: republishing them would send garbage."""
+    from rlpulse.sinks.dlq import replay_dead_letters
+
+    settings, _, _ = ran
+    report = asyncio.run(replay_dead_letters(settings, dry_run=True))
+    assert report.truncated == 2 and len(report.replayed) == 2  # the endless-array Span and the bomb, whole
+
+
 def test_the_streams_refused_each_with_its_reason_and_nothing_restarted(ran) -> None:
     settings, _, took = ran
     logs = settings.home / "logs"
