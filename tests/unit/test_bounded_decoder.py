@@ -220,3 +220,49 @@ def test_an_insert_past_its_limit_dead_letters_only_the_slow_message_and_close_n
     for thread in threading.enumerate():  # the threads left behind end now: none may outlive the test
         if thread.name == "rlpulse-insert":
             thread.join(5)
+
+
+# -- structured fuzzing: hostile framing against the bounded check, the sink's and the streams' ---------
+from hypothesis import HealthCheck, given, settings  # noqa: E402 - the fuzzing section's own imports
+from hypothesis import strategies as st  # noqa: E402
+
+FUZZ = settings(max_examples=int(os.environ.get("RLPULSE_FUZZ_EXAMPLES", "200")), deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow])
+SMALL = Limits(max_message_records=50, max_message_bytes=64 * 1024, max_blocks=8)
+
+
+@st.composite
+def hostile_containers(draw: st.DrawFn) -> bytes:
+    """A Span container whose blocks claim any count and hold any bytes, raw or deflated, under the
+    reader's schema or one with an extra array (of nulls: endless; of longs: bounded by its bytes)."""
+    items = draw(st.sampled_from(["null", "long"]))
+    schema = draw(st.sampled_from([SPAN, dict(SPAN, fields=SPAN["fields"] + [
+        {"name": "x", "type": {"type": "array", "items": items}, "default": []}])]))
+    codec = draw(st.sampled_from(["null", "deflate"]))
+    blocks = []
+    for _ in range(draw(st.integers(0, 10))):
+        count = draw(st.one_of(st.integers(0, 100), st.just(2 ** 62), st.integers(0, 2 ** 63 - 1)))
+        body = draw(st.one_of(st.binary(max_size=200), st.just(record_bytes(SPAN, span())),
+                              st.just(bytes(draw(st.integers(0, 200_000))))))
+        if codec == "deflate":
+            z = zlib.compressobj(9, zlib.DEFLATED, -15)
+            body = z.compress(body) + z.flush()
+        blocks.append((count, body))
+    data = container(schema, blocks, codec)
+    cut = draw(st.one_of(st.none(), st.integers(0, len(data))))
+    return data if cut is None else data[:cut]
+
+
+@FUZZ
+@given(data=hostile_containers())
+def test_fuzzed_containers_are_checked_within_bounds_or_refused_with_a_reason(data: bytes) -> None:
+    started = time.perf_counter()
+    try:
+        checked = check_container(data, SMALL)
+    except DecodeError as exc:
+        assert str(exc)
+    else:
+        assert checked.records <= SMALL.max_message_records and checked.decoded_bytes <= SMALL.max_message_bytes
+        records = Inputs(CODEC, SMALL).decode("spans", data, "t.spans[0]@0")  # what passes decodes, or is skipped
+        assert len(records) <= checked.records
+    assert time.perf_counter() - started < 2.0
