@@ -15,7 +15,6 @@ import dataclasses
 import io
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
