@@ -15,7 +15,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 

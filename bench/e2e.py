@@ -21,7 +21,8 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -58,14 +59,19 @@ class E2EConfig:
 
 def bench_settings(base: Settings, config: E2EConfig, store: Path) -> Settings:
     """A prefix and a store of its own, short windows: nothing else on the broker is touched."""
-    return dataclasses.replace(base, topic_prefix=f"bench{uuid.uuid4().hex[:8]}", clickhouse_url=f"chdb://{store}",
-                               home=store.parent,  # the streams' Faust data dir too goes where the cleanup looks
-                               window=Settings.load({envvars.WINDOW: config.window}).window,
-                               allowed_lateness=Settings.load({envvars.ALLOWED_LATENESS: config.allowed_lateness}).allowed_lateness)
+    return dataclasses.replace(
+        base,
+        topic_prefix=f"bench{uuid.uuid4().hex[:8]}",
+        clickhouse_url=f"chdb://{store}",
+        home=store.parent,  # the streams' Faust data dir too goes where the cleanup looks
+        window=Settings.load({envvars.WINDOW: config.window}).window,
+        allowed_lateness=Settings.load({envvars.ALLOWED_LATENESS: config.allowed_lateness}).allowed_lateness,
+    )
 
 
-async def publish_backlog(settings: Settings, workload: WorkloadConfig, index: EventIndex, truth: Truth,
-                          progress: Progress) -> dict[str, Any]:
+async def publish_backlog(
+    settings: Settings, workload: WorkloadConfig, index: EventIndex, truth: Truth, progress: Progress
+) -> dict[str, Any]:
     codec = Codec()
     producer = AIOKafkaProducer(**producer_kwargs(settings))
     await producer.start()
@@ -94,9 +100,13 @@ async def publish_backlog(settings: Settings, workload: WorkloadConfig, index: E
         index.add(x.tp, x.offset, x.records)
         span_bytes += x.size if x.short == "spans" else 0
     summary = truth.summary()
-    return {"backlog_events": index.total, "backlog_publish_s": round(seconds, 1), **summary,
-            "span_container_bytes_mean": span_bytes / summary["span_messages"],
-            "span_records_per_message": summary["span_events"] / summary["span_messages"]}
+    return {
+        "backlog_events": index.total,
+        "backlog_publish_s": round(seconds, 1),
+        **summary,
+        "span_container_bytes_mean": span_bytes / summary["span_messages"],
+        "span_records_per_message": summary["span_events"] / summary["span_messages"],
+    }
 
 
 async def _create_topic(settings: Settings, name: str) -> None:
@@ -146,13 +156,23 @@ def check_exact(settings: Settings, truth: Truth, project: str) -> dict[str, Any
     with open_store(settings.clickhouse_dsn, owner="rlpulse bench") as store:
         db, q = store.database, store.client.query
         p = {"p": project}
-        failures = {(r, t, c): int(n) for r, t, c, n in q(
-            f"SELECT run_id, term, cause, sum(f) FROM (SELECT run_id, attempt, term, cause, window_start, "
-            f"argMax(failures, emitted_at_ns) AS f FROM {db}.grader_failures FINAL WHERE project = {{p:String}} "
-            f"GROUP BY run_id, attempt, term, cause, window_start) GROUP BY run_id, term, cause", parameters=p).result_rows}
-        steps = {(r, int(s)): (int(n), int(c)) for r, s, n, c in q(
-            f"SELECT run_id, step, argMax(rollouts, emitted_at_ns), argMax(clipped, emitted_at_ns) FROM {db}.step_stats "
-            f"FINAL WHERE project = {{p:String}} GROUP BY run_id, attempt, step", parameters=p).result_rows}
+        failures = {
+            (r, t, c): int(n)
+            for r, t, c, n in q(
+                f"SELECT run_id, term, cause, sum(f) FROM (SELECT run_id, attempt, term, cause, window_start, "
+                f"argMax(failures, emitted_at_ns) AS f FROM {db}.grader_failures FINAL WHERE project = {{p:String}} "
+                f"GROUP BY run_id, attempt, term, cause, window_start) GROUP BY run_id, term, cause",
+                parameters=p,
+            ).result_rows
+        }
+        steps = {
+            (r, int(s)): (int(n), int(c))
+            for r, s, n, c in q(
+                f"SELECT run_id, step, argMax(rollouts, emitted_at_ns), argMax(clipped, emitted_at_ns) FROM {db}.step_stats "
+                f"FINAL WHERE project = {{p:String}} GROUP BY run_id, attempt, step",
+                parameters=p,
+            ).result_rows
+        }
         spans = q(f"SELECT count() FROM {db}.spans FINAL WHERE project = {{p:String}}", parameters=p).result_rows[0][0]
         step_rows = q(f"SELECT count() FROM {db}.steps FINAL WHERE project = {{p:String}}", parameters=p).result_rows[0][0]
     want_failures = {k: n for k, n in truth.failures.items() if n}
@@ -164,8 +184,7 @@ def check_exact(settings: Settings, truth: Truth, project: str) -> dict[str, Any
         "span_rows": None if spans == truth.events["spans"] else f"{spans} rows, expected {truth.events['spans']}",
         "step_rows": None if step_rows == truth.events["steps"] else f"{step_rows} rows, expected {truth.events['steps']}",
     }
-    return {"e2e_exact": all(v is None for v in checks.values()),
-            "exact_checks": {k: v or "exact" for k, v in checks.items()}}
+    return {"e2e_exact": all(v is None for v in checks.values()), "exact_checks": {k: v or "exact" for k, v in checks.items()}}
 
 
 def _diff(want: dict, got: dict, show: int = 3) -> str | None:
@@ -198,16 +217,26 @@ def run_e2e(base: Settings, config: E2EConfig, results: Path, progress: Progress
         if last or not figures.get("drain_complete"):
             break  # an incomplete drain would only time out again
     rates = [r.get("e2e_events_per_s") for r in reps]
-    out.update({
-        "e2e_reps": len(reps), "e2e_events_per_s": median(rates), "e2e_events_per_s_reps": rates,
-        "e2e_exact": bool(reps) and all(r.get("e2e_exact") for r in reps),
-        "drain_complete": bool(reps) and all(r.get("drain_complete") for r in reps),
-        # memory: the worst repetition, since the figure is a bound
-        "streams_peak_rss_mib": max((r["streams_peak_rss_mib"] for r in reps if r.get("streams_peak_rss_mib")), default=None),
-        "sink_peak_rss_mib": max((r["sink_peak_rss_mib"] for r in reps if r.get("sink_peak_rss_mib")), default=None),
-    })
-    for key in ("streams_only_events_per_s", "drain_seconds", "startup_to_first_streams_commit_s",
-                "startup_to_streams_group_ready_s", "startup_to_sink_group_ready_s", "startup_to_first_sink_commit_s"):
+    out.update(
+        {
+            "e2e_reps": len(reps),
+            "e2e_events_per_s": median(rates),
+            "e2e_events_per_s_reps": rates,
+            "e2e_exact": bool(reps) and all(r.get("e2e_exact") for r in reps),
+            "drain_complete": bool(reps) and all(r.get("drain_complete") for r in reps),
+            # memory: the worst repetition, since the figure is a bound
+            "streams_peak_rss_mib": max((r["streams_peak_rss_mib"] for r in reps if r.get("streams_peak_rss_mib")), default=None),
+            "sink_peak_rss_mib": max((r["sink_peak_rss_mib"] for r in reps if r.get("sink_peak_rss_mib")), default=None),
+        }
+    )
+    for key in (
+        "streams_only_events_per_s",
+        "drain_seconds",
+        "startup_to_first_streams_commit_s",
+        "startup_to_streams_group_ready_s",
+        "startup_to_sink_group_ready_s",
+        "startup_to_first_sink_commit_s",
+    ):
         out[key] = median(r.get(key) for r in reps)
     out["exact_checks"] = [r.get("exact_checks") for r in reps]
     out["e2e_rep_figures"] = reps
@@ -216,13 +245,26 @@ def run_e2e(base: Settings, config: E2EConfig, results: Path, progress: Progress
     return out
 
 
-def _repetition(base: Settings, config: E2EConfig, results: Path, rep: int, last: bool, out: dict[str, Any],
-                consumer_runs: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
+def _repetition(
+    base: Settings,
+    config: E2EConfig,
+    results: Path,
+    rep: int,
+    last: bool,
+    out: dict[str, Any],
+    consumer_runs: list[dict[str, Any]],
+    progress: Progress,
+) -> dict[str, Any]:
     """One backlog, its consumer ceiling, its drain (and, as told, the producer ceiling, profile, latency)."""
     tmp = Path(tempfile.mkdtemp(prefix="rlpulse-bench-"))
     settings = bench_settings(base, config, tmp / "clickhouse")
-    out.update({"e2e_window_s": settings.window, "e2e_allowed_lateness_s": settings.allowed_lateness,
-                "e2e_partitions": settings.partitions})
+    out.update(
+        {
+            "e2e_window_s": settings.window,
+            "e2e_allowed_lateness_s": settings.allowed_lateness,
+            "e2e_partitions": settings.partitions,
+        }
+    )
     figures: dict[str, Any] = {"topic_prefix": settings.topic_prefix}
     index, truth = EventIndex(), Truth()
     log_dir = results / "logs" / settings.topic_prefix
@@ -250,10 +292,13 @@ def _repetition(base: Settings, config: E2EConfig, results: Path, rep: int, last
             figures["drain_timeline"] = drained.timeline[::4]  # every 2 s is plenty to see the shape
             progress(f"drain: {_rate(figures.get('e2e_events_per_s'))} events/s over {figures.get('drain_seconds')}s")
             if last:
-                rate = median([figures.get("e2e_events_per_s"), *out.get("e2e_events_per_s_reps", [])]) \
+                rate = (
+                    median([figures.get("e2e_events_per_s"), *out.get("e2e_events_per_s_reps", [])])
                     or config.latency_default_rate
-                live = LiveRuns(dataclasses.replace(config.workload, project=config.workload.project + "-live"), runs=100,
-                                per_message=200)
+                )
+                live = LiveRuns(
+                    dataclasses.replace(config.workload, project=config.workload.project + "-live"), runs=100, per_message=200
+                )
                 progress(f"latency: live load at {rate / 2:,.0f} events/s for {config.latency_s:.0f}s")
                 out.update(asyncio.run(measure_latency(settings, Codec(), live, rate / 2, config.latency_s, progress)))
         finally:
@@ -283,15 +328,24 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def _ceilings(base: Settings, settings: Settings, config: E2EConfig, out: dict[str, Any], consumer_runs: list[dict[str, Any]],
-              with_producer: bool, progress: Progress) -> None:
+def _ceilings(
+    base: Settings,
+    settings: Settings,
+    config: E2EConfig,
+    out: dict[str, Any],
+    consumer_runs: list[dict[str, Any]],
+    with_producer: bool,
+    progress: Progress,
+) -> None:
     """Kafka's own tools on this backlog's spans topic (consumer) and a topic beside it (producer)."""
     try:
         progress(f"ceilings: ConsumerPerformance x{config.consumer_reps} on {settings.topic('spans')}")
         libs = kafka_perf.tools_libs(base)  # the broker's jars, under the real RLPULSE_HOME
         with Ticker("ceilings: ConsumerPerformance running", say=progress, every=10):
-            consumer_runs += [kafka_perf.consumer_perf(settings, libs, settings.topic("spans"), out["span_messages"])
-                              for _ in range(config.consumer_reps)]
+            consumer_runs += [
+                kafka_perf.consumer_perf(settings, libs, settings.topic("spans"), out["span_messages"])
+                for _ in range(config.consumer_reps)
+            ]
     except Exception as exc:
         out["errors"]["consumer_ceiling"] = f"{type(exc).__name__}: {exc}"
     if not with_producer:
@@ -299,11 +353,20 @@ def _ceilings(base: Settings, settings: Settings, config: E2EConfig, out: dict[s
     try:
         perf_topic = settings.topic("perf")
         asyncio.run(_create_topic(settings, perf_topic))
-        progress(f"ceilings: ProducerPerformance x{config.ceiling_reps} on {perf_topic}, "
-                 f"{out['span_container_bytes_mean']:.0f}-byte records")
+        progress(
+            f"ceilings: ProducerPerformance x{config.ceiling_reps} on {perf_topic}, "
+            f"{out['span_container_bytes_mean']:.0f}-byte records"
+        )
         with Ticker("ceilings: ProducerPerformance running", say=progress, every=10):
-            out.update(kafka_perf.producer_ceiling(settings, kafka_perf.tools_libs(base), perf_topic,
-                                                   round(out["span_container_bytes_mean"]), out["span_records_per_message"],
-                                                   config.ceiling_reps))
+            out.update(
+                kafka_perf.producer_ceiling(
+                    settings,
+                    kafka_perf.tools_libs(base),
+                    perf_topic,
+                    round(out["span_container_bytes_mean"]),
+                    out["span_records_per_message"],
+                    config.ceiling_reps,
+                )
+            )
     except Exception as exc:
         out["errors"]["producer_ceiling"] = f"{type(exc).__name__}: {exc}"

@@ -16,7 +16,8 @@ import subprocess
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from bench.stats import median
 from rlpulse import services
@@ -125,12 +126,21 @@ def _plain_pkcs8(path: str, password: str) -> str:
     if plain:
         return plain.group(0) + "\n"
     if "PRIVATE KEY-----" not in text:
-        raise PerfError(f"no private key in {path} ({envvars.KAFKA_SSL_KEYFILE}): the Java tools need the client certificate's key")
+        raise PerfError(
+            f"no private key in {path} ({envvars.KAFKA_SSL_KEYFILE}): the Java tools need the client certificate's key"
+        )
     if shutil.which("openssl") is None:
-        raise PerfError("the client key is encrypted or not PKCS#8, which Kafka's Java PEM keystore cannot read: "
-                        f"install openssl to convert it, or give {envvars.KAFKA_SSL_KEYFILE} an unencrypted PKCS#8 key")
-    run = subprocess.run(["openssl", "pkcs8", "-topk8", "-nocrypt", "-in", path, "-passin", "stdin"],
-                         input=password + "\n", capture_output=True, text=True, timeout=30)
+        raise PerfError(
+            "the client key is encrypted or not PKCS#8, which Kafka's Java PEM keystore cannot read: "
+            f"install openssl to convert it, or give {envvars.KAFKA_SSL_KEYFILE} an unencrypted PKCS#8 key"
+        )
+    run = subprocess.run(
+        ["openssl", "pkcs8", "-topk8", "-nocrypt", "-in", path, "-passin", "stdin"],
+        input=password + "\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     key = _PLAIN_KEY.search(run.stdout) if run.returncode == 0 else None
     if key is None:
         why = next((line for line in run.stderr.splitlines() if "could not" in line.lower()), f"exit {run.returncode}")
@@ -184,8 +194,13 @@ def parse_producer(stdout: str) -> dict[str, float]:
     if not matches:
         raise PerfError(f"no ProducerPerformance summary in its output:\n{stdout[-2000:]}")
     m = matches[-1]
-    return {"records": int(m["records"]), "records_per_s": float(m["rps"]), "mb_per_s": float(m["mbps"]),
-            "latency_avg_ms": float(m["avg"]), "latency_p99_ms": float(m["p99"])}
+    return {
+        "records": int(m["records"]),
+        "records_per_s": float(m["rps"]),
+        "mb_per_s": float(m["mbps"]),
+        "latency_avg_ms": float(m["avg"]),
+        "latency_p99_ms": float(m["p99"]),
+    }
 
 
 def parse_consumer(stdout: str) -> dict[str, float]:
@@ -197,39 +212,81 @@ def parse_consumer(stdout: str) -> dict[str, float]:
             values = [v.strip() for v in lines[i + 1].split(",")]
             row = dict(zip(header, values))
             try:
-                return {"messages": int(row["data.consumed.in.nMsg"]), "mb": float(row["data.consumed.in.MB"]),
-                        "messages_per_s": float(row["nMsg.sec"]), "mb_per_s": float(row["MB.sec"]),
-                        # fetch.* leave out the group join (rebalance.time.ms): the rate of reading itself
-                        "fetch_messages_per_s": float(row["fetch.nMsg.sec"]), "fetch_mb_per_s": float(row["fetch.MB.sec"]),
-                        "rebalance_ms": float(row["rebalance.time.ms"]), "fetch_ms": float(row["fetch.time.ms"])}
+                return {
+                    "messages": int(row["data.consumed.in.nMsg"]),
+                    "mb": float(row["data.consumed.in.MB"]),
+                    "messages_per_s": float(row["nMsg.sec"]),
+                    "mb_per_s": float(row["MB.sec"]),
+                    # fetch.* leave out the group join (rebalance.time.ms): the rate of reading itself
+                    "fetch_messages_per_s": float(row["fetch.nMsg.sec"]),
+                    "fetch_mb_per_s": float(row["fetch.MB.sec"]),
+                    "rebalance_ms": float(row["rebalance.time.ms"]),
+                    "fetch_ms": float(row["fetch.time.ms"]),
+                }
             except (KeyError, ValueError) as exc:
                 raise PerfError(f"unreadable ConsumerPerformance totals {lines[i + 1]!r}: {exc}") from None
     raise PerfError(f"no ConsumerPerformance totals in its output:\n{stdout[-2000:]}")
 
 
-def producer_perf(settings: Settings, libs: Path, topic: str, records: int, record_size: int,
-                  timeout: float = 120.0) -> dict[str, float]:
+def producer_perf(
+    settings: Settings, libs: Path, topic: str, records: int, record_size: int, timeout: float = 120.0
+) -> dict[str, float]:
     props = [f"bootstrap.servers={settings.kafka_bootstrap}", *(f"{k}={v}" for k, v in PRODUCER_PROPS.items())]
     with client_config(settings) as config:
-        out, command = _java(libs, "org.apache.kafka.tools.ProducerPerformance",
-                             ["--topic", topic, "--num-records", str(records), "--record-size", str(record_size),
-                              "--throughput", "-1", *(["--producer.config", str(config)] if config else []),
-                              "--producer-props", *props], timeout)
+        out, command = _java(
+            libs,
+            "org.apache.kafka.tools.ProducerPerformance",
+            [
+                "--topic",
+                topic,
+                "--num-records",
+                str(records),
+                "--record-size",
+                str(record_size),
+                "--throughput",
+                "-1",
+                *(["--producer.config", str(config)] if config else []),
+                "--producer-props",
+                *props,
+            ],
+            timeout,
+        )
     return {**parse_producer(out), "command": command}
 
 
 def consumer_perf(settings: Settings, libs: Path, topic: str, messages: int, timeout: float = 120.0) -> dict[str, float]:
     """Read ``messages`` records of ``topic`` from the start, in a fresh consumer group."""
     with client_config(settings) as config:
-        out, command = _java(libs, "org.apache.kafka.tools.ConsumerPerformance",
-                             ["--bootstrap-server", settings.kafka_bootstrap, "--topic", topic, "--messages", str(messages),
-                              "--group", f"rlpulse-bench-cperf-{uuid.uuid4().hex[:8]}", "--timeout", "30000",
-                              *(["--consumer.config", str(config)] if config else [])], timeout)
+        out, command = _java(
+            libs,
+            "org.apache.kafka.tools.ConsumerPerformance",
+            [
+                "--bootstrap-server",
+                settings.kafka_bootstrap,
+                "--topic",
+                topic,
+                "--messages",
+                str(messages),
+                "--group",
+                f"rlpulse-bench-cperf-{uuid.uuid4().hex[:8]}",
+                "--timeout",
+                "30000",
+                *(["--consumer.config", str(config)] if config else []),
+            ],
+            timeout,
+        )
     return {**parse_consumer(out), "command": command}
 
 
-def producer_ceiling(settings: Settings, libs: Path, topic: str, record_size: int, events_per_record: float,
-                     reps: int = 3, target_mb: float = 120.0) -> dict[str, Any]:
+def producer_ceiling(
+    settings: Settings,
+    libs: Path,
+    topic: str,
+    record_size: int,
+    events_per_record: float,
+    reps: int = 3,
+    target_mb: float = 120.0,
+) -> dict[str, Any]:
     """Median of ``reps`` ProducerPerformance runs with records the size of our span containers."""
     records = max(200, int(target_mb * 1e6 / record_size))
     runs = [producer_perf(settings, libs, topic, records, record_size) for _ in range(reps)]
@@ -244,7 +301,8 @@ def producer_ceiling(settings: Settings, libs: Path, topic: str, record_size: in
             f"Kafka records/s x {events_per_record:.1f} events per record: each ProducerPerformance record is "
             f"{record_size} bytes, the mean size of our span containers of {events_per_record:.1f} events "
             f"(median of {reps} runs of {records} records; producer {PRODUCER_PROPS}; its payload is random "
-            "letters, which lz4 compresses less than Avro)"),
+            "letters, which lz4 compresses less than Avro)"
+        ),
     }
 
 
@@ -259,5 +317,6 @@ def consumer_figures(runs: list[dict[str, Any]], events_per_message: float, mess
         "consumer_ceiling_conversion": (
             f"ConsumerPerformance fetch.nMsg.sec (group join excluded) x {events_per_message:.1f} events per message; "
             f"each run reads all {messages} messages of a backlog's spans topic, the topic its drain then reads "
-            f"(median of {len(runs)} runs)"),
+            f"(median of {len(runs)} runs)"
+        ),
     }

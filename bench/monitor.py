@@ -100,7 +100,7 @@ class OffsetWatcher:
         self.consumer: AIOKafkaConsumer | None = None
         self.admin: AIOKafkaAdminClient | None = None
 
-    async def __aenter__(self) -> "OffsetWatcher":
+    async def __aenter__(self) -> OffsetWatcher:
         self.consumer = AIOKafkaConsumer(**self.kafka)
         self.admin = AIOKafkaAdminClient(**self.kafka)
         await self.consumer.start()

@@ -106,7 +106,8 @@ async def measure(settings: Settings, store: Any, port: int, seconds: float, rat
         while time.monotonic() < until:
             value = codec.encode("Span", span_records(seq % 16, seq, per_message, time.time_ns()))
             fut = await producer.send(spans, value=value, key=f"bench/run-{seq % 16}".encode())
-            fut.add_done_callback(lambda f, t=time.monotonic(): sent_at.__setitem__(
+            sent_t = time.monotonic()
+            fut.add_done_callback(lambda f, t=sent_t: sent_at.__setitem__(
                 (TopicPartition(spans, f.result().partition), f.result().offset), t))
             seq += per_message
             next_at += interval

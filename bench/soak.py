@@ -29,7 +29,8 @@ import time
 import uuid
 from collections import defaultdict, deque
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -301,14 +302,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=d.runs, help="live training runs publishing")
     p.add_argument("--rollouts", type=int, default=d.rollouts, help="rollouts per step of each run")
     p.add_argument("--max-lag-s", type=float, default=d.max_lag_s, help="lag bound, seconds of events")
-    p.add_argument("--max-lag-growth-s", type=float, default=d.max_lag_growth_s, help="rise of the lag's trend line over the soak")
+    p.add_argument("--max-lag-growth-s", type=float, default=d.max_lag_growth_s,
+                   help="rise of the lag's trend line over the soak")
     p.add_argument("--max-rss-growth-pct", type=float, default=d.max_rss_growth_pct, help="RSS growth after the warm-up")
     p.add_argument("--no-exact", action="store_true", help="skip comparing ClickHouse with the truth at the end")
     p.add_argument("--keep", action="store_true", help="keep the soak's topics and chDB store")
     args = p.parse_args(argv)
-    config = SoakConfig(minutes=args.minutes, warmup_minutes=args.warmup_minutes, rate=args.rate, runs=args.runs, rollouts=args.rollouts,
-                        max_lag_s=args.max_lag_s, max_lag_growth_s=args.max_lag_growth_s,
-                        max_rss_growth_pct=args.max_rss_growth_pct, exact=not args.no_exact, keep=args.keep)
+    config = SoakConfig(
+        minutes=args.minutes,
+        warmup_minutes=args.warmup_minutes,
+        rate=args.rate,
+        runs=args.runs,
+        rollouts=args.rollouts,
+        max_lag_s=args.max_lag_s,
+        max_lag_growth_s=args.max_lag_growth_s,
+        max_rss_growth_pct=args.max_rss_growth_pct,
+        exact=not args.no_exact,
+        keep=args.keep,
+    )
     settings = Settings.load()
     if not services.broker_answers(settings.kafka_bootstrap, 10.0):
         print(f"make soak: no Kafka broker answers at {settings.kafka_bootstrap}: run `rlpulse services up` (make soak does)")

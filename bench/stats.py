@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 
 def median(values: Iterable[float | None]) -> float | None:

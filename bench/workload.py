@@ -14,7 +14,8 @@ import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from rlpulse.schemas.catalogue import run_key
 

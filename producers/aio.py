@@ -52,7 +52,7 @@ class AsyncTelemetry:
     def __init__(self, sync: SyncTelemetry):
         self.sync = sync
 
-    async def __aenter__(self) -> "AsyncTelemetry":
+    async def __aenter__(self) -> AsyncTelemetry:
         self.sync.start()
         return self
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Callable, Sequence
 
 from rlpulse.producers.containers import Container, Encoder
 
@@ -46,7 +47,7 @@ class Transport(Protocol):
 
     refused: str | None
 
-    def renew(self) -> "Transport":
+    def renew(self) -> Transport:
         """The transport for a new sender thread: the same destination, none of this one's connections."""
         ...
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 LONG_MAX = (1 << 63) - 1  # Avro long; an int beyond it cannot be encoded
 INT_MAX = (1 << 31) - 1  # Avro int

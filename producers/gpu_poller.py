@@ -16,7 +16,8 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rlpulse.producers.sender import Outgoing, Sender
 from rlpulse.schemas.settings import Settings
@@ -133,7 +134,9 @@ class GpuPoller:
             nv.nvmlInit()
             indices = self._indices if self._indices is not None else list(range(nv.nvmlDeviceGetCount()))
         except Exception as exc:  # library missing, driver not loaded, ...: never crash the job
-            log.warning("NVML unavailable (%s: %s); publishing placements without hw_id and no GPU figures", type(exc).__name__, exc)
+            log.warning(
+                "NVML unavailable (%s: %s); publishing placements without hw_id and no GPU figures", type(exc).__name__, exc
+            )
             return False
         self.available = True
         self.gpus = [_Gpu(i) for i in indices]
@@ -144,7 +147,9 @@ class GpuPoller:
                 gpu.uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
             except self._error as exc:
                 gpu.handle = None
-                log.warning("GPU %d: cannot read its handle/UUID (%s); its placement has no hw_id and it gets no figures", gpu.index, exc)
+                log.warning(
+                    "GPU %d: cannot read its handle/UUID (%s); its placement has no hw_id and it gets no figures", gpu.index, exc
+                )
         self._by_handle = {_handle_key(g.handle): g for g in self._readable()}
         return True
 
@@ -193,13 +198,27 @@ class GpuPoller:
             except self._error as exc:
                 if (gpu.index, figure) not in self._logged:
                     self._logged.add((gpu.index, figure))
-                    log.warning("GPU %d (%s): cannot read %s (%s); skipping its samples while this lasts", gpu.index, gpu.uuid, figure, exc)
+                    log.warning(
+                        "GPU %d (%s): cannot read %s (%s); skipping its samples while this lasts",
+                        gpu.index,
+                        gpu.uuid,
+                        figure,
+                        exc,
+                    )
         if len(values) < len(reads):
             return None
         util, mem = values["utilization"], values["memory"]
         # NVML reports milliwatts and percent.
-        return _Reading(values["power"] / 1000.0, float(values["temperature"]), util.gpu / 100.0, util.memory / 100.0,
-                        int(mem.used), int(mem.total), float(values["sm_clock"]), int(values["throttle_reasons"]))
+        return _Reading(
+            values["power"] / 1000.0,
+            float(values["temperature"]),
+            util.gpu / 100.0,
+            util.memory / 100.0,
+            int(mem.used),
+            int(mem.total),
+            float(values["sm_clock"]),
+            int(values["throttle_reasons"]),
+        )
 
     def _throttle_reasons(self, handle: Any) -> int:
         nv = self._nvml
@@ -231,14 +250,28 @@ class GpuPoller:
     def _gpu_sample(self, gpu: _Gpu, r: _Reading, now: int) -> dict[str, Any]:
         p, total = self.placement, r.memory_total_bytes
         return {
-            "project": p.project if p else "", "run_id": p.run_id if p else "", "attempt": p.attempt if p else 0,
-            "time_ns": now, "hw_id": gpu.uuid, "index": gpu.index, "host": self.host, "node": self.node, "pod": self.pod,
-            "rank": p.rank if p else None, "role": p.role if p else None,
-            "power_w": r.power_w, "temperature_c": r.temperature_c, "gpu_utilization": r.gpu_utilization,
-            "memory_used_bytes": r.memory_used_bytes, "memory_total_bytes": total,
+            "project": p.project if p else "",
+            "run_id": p.run_id if p else "",
+            "attempt": p.attempt if p else 0,
+            "time_ns": now,
+            "hw_id": gpu.uuid,
+            "index": gpu.index,
+            "host": self.host,
+            "node": self.node,
+            "pod": self.pod,
+            "rank": p.rank if p else None,
+            "role": p.role if p else None,
+            "power_w": r.power_w,
+            "temperature_c": r.temperature_c,
+            "gpu_utilization": r.gpu_utilization,
+            "memory_used_bytes": r.memory_used_bytes,
+            "memory_total_bytes": total,
             "memory_utilization": r.memory_used_bytes / total if total > 0 else 0.0,
-            "memory_activity": r.memory_activity, "sm_clock_mhz": r.sm_clock_mhz,
-            "throttle_reasons": _signed64(r.throttle_reasons), "xid_errors": gpu.xid_errors, "xid_last": gpu.xid_last,
+            "memory_activity": r.memory_activity,
+            "sm_clock_mhz": r.sm_clock_mhz,
+            "throttle_reasons": _signed64(r.throttle_reasons),
+            "xid_errors": gpu.xid_errors,
+            "xid_last": gpu.xid_last,
         }
 
     def _placements(self, now: int) -> list[dict[str, Any]]:
@@ -248,9 +281,20 @@ class GpuPoller:
         # No GPU known at all (NVML down, no indices given): still say the process holds the run.
         held: list[tuple[int | None, str | None]] = [(g.index, g.uuid) for g in self.gpus] or [(None, None)]
         return [
-            {"project": p.project, "run_id": p.run_id, "attempt": p.attempt, "stage": p.stage, "time_ns": now,
-             "role": p.role, "rank": p.rank, "pod": self.pod, "node": self.node, "host": self.host,
-             "index": index, "hw_id": uuid}
+            {
+                "project": p.project,
+                "run_id": p.run_id,
+                "attempt": p.attempt,
+                "stage": p.stage,
+                "time_ns": now,
+                "role": p.role,
+                "rank": p.rank,
+                "pod": self.pod,
+                "node": self.node,
+                "host": self.host,
+                "index": index,
+                "hw_id": uuid,
+            }
             for index, uuid in held
         ]
 
@@ -277,7 +321,9 @@ class GpuPoller:
             self._free(event_set)
             return False
         self._xid_stop.clear()
-        self._xid_thread = threading.Thread(target=self._watch, args=(event_set, wait_ms or self.xid_wait_ms), name="rlpulse-xid", daemon=True)
+        self._xid_thread = threading.Thread(
+            target=self._watch, args=(event_set, wait_ms or self.xid_wait_ms), name="rlpulse-xid", daemon=True
+        )
         self._xid_thread.start()
         return True
 
@@ -359,9 +405,20 @@ def _next(deadline: float, interval: float, now: float) -> float:
 
 
 def main(
-    settings: Settings, *, indices: list[int] | None = None, sample_interval: float = 5.0,
-    export_interval: float = 15.0, run_id: str | None = None, attempt: int = 1, role: str = "trainer",
-    rank: int = 0, project: str = "", nvml_module: Any = None, stage: str = "", node: str = "", pod: str = "",
+    settings: Settings,
+    *,
+    indices: list[int] | None = None,
+    sample_interval: float = 5.0,
+    export_interval: float = 15.0,
+    run_id: str | None = None,
+    attempt: int = 1,
+    role: str = "trainer",
+    rank: int = 0,
+    project: str = "",
+    nvml_module: Any = None,
+    stage: str = "",
+    node: str = "",
+    pod: str = "",
     stop: threading.Event | None = None,
 ) -> int:
     """``rlpulse gpu-poller``: publish until SIGTERM/SIGINT (or ``stop``); returns 0."""
@@ -377,9 +434,18 @@ def main(
     placement = Placement(run_id, attempt, role, rank, project, stage) if run_id else None
     sender = Sender(settings)
     sender.start()
-    poller = GpuPoller(nvml, sender.offer, settings, indices=indices, sample_interval_s=sample_interval,
-                       export_interval_s=export_interval, node=node, pod=pod, placement=placement,
-                       unavailable_reason=reason)
+    poller = GpuPoller(
+        nvml,
+        sender.offer,
+        settings,
+        indices=indices,
+        sample_interval_s=sample_interval,
+        export_interval_s=export_interval,
+        node=node,
+        pod=pod,
+        placement=placement,
+        unavailable_reason=reason,
+    )
     stop = stop or threading.Event()
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():  # signal handlers only work there

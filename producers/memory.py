@@ -18,7 +18,8 @@ above a size (``max_message_bytes``), as a broker with a lower ``message.max.byt
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from rlpulse.producers.delivery import Message, MessageTooLarge
 from rlpulse.schemas.codec import Codec
@@ -60,7 +61,7 @@ class InMemoryTransport:
         return [r for value in self.values(topic) for r in codec.decode(value).records]
 
     # -- the Transport protocol (rlpulse.producers.delivery) -----------------------------------------
-    def renew(self) -> "InMemoryTransport":
+    def renew(self) -> InMemoryTransport:
         return self  # one memory across the sender's threads, so a test reads everything in one place
 
     async def start(self, stopping: Callable[[], bool]) -> bool:

@@ -31,7 +31,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult

@@ -43,7 +43,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_live: "weakref.WeakSet[Any]" = weakref.WeakSet()  # this process's senders and TrainingTelemetry objects
+_live: weakref.WeakSet[Any] = weakref.WeakSet()  # this process's senders and TrainingTelemetry objects
 # In a forked child: the parent's event loops, producers and queues, kept from the garbage collector.
 # Collecting them would close the parent's loop, which unregisters the parent's sockets from the
 # epoll instance both processes share after a fork.

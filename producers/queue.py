@@ -16,7 +16,8 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

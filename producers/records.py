@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 SPAN_NULLS: dict[str, Any] = dict(parent_span_id=None, status_message="", attempt_id="", step=None, attributes={}, term=None,
                   outcome=None, score=None, judge_input_tokens=None, judge_output_tokens=None, reward=None,

@@ -31,7 +31,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from rlpulse.producers import process
 from rlpulse.producers.containers import BATCH_RECORDS, MAX_MESSAGE_BYTES, Container, Encoder

@@ -12,7 +12,8 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rlpulse.producers.records import span_id, trace_id
 from rlpulse.producers.telemetry import TrainingTelemetry
@@ -85,7 +86,10 @@ def simulate(settings: Settings, config: SimConfig, progress: Callable[[str], No
                     progress(f"run {run_id}: stalling for {stall:.0f}s after step 0 (heartbeats go on)")
                     tel.flush(60.0)
                     time.sleep(stall)
-                    truth.expected_alerts |= {("stalled_run", f"{config.project}/{run_id}/1", "FIRING"), ("stalled_run", f"{config.project}/{run_id}/1", "RESOLVED")}
+                    truth.expected_alerts |= {
+                        ("stalled_run", f"{config.project}/{run_id}/1", "FIRING"),
+                        ("stalled_run", f"{config.project}/{run_id}/1", "RESOLVED"),
+                    }
             truth.undelivered += tel.flush(60.0)
         progress(f"run {run_id}: {config.steps} steps x {config.rollouts_per_step} rollouts published")
     if config.silent_run:
@@ -103,16 +107,23 @@ def _outcome(rng: random.Random, config: SimConfig, forced: int) -> str:
     return "ok"
 
 
-def _one_rollout(tel: TrainingTelemetry, rng: random.Random, truth: GroundTruth, config: SimConfig, run_id: str,
-                 step: int, i: int) -> None:
+def _one_rollout(
+    tel: TrainingTelemetry, rng: random.Random, truth: GroundTruth, config: SimConfig, run_id: str, step: int, i: int
+) -> None:
     shares = {}
     weight = 1.0 / len(config.terms)
     for t, term in enumerate(config.terms):
         outcome = _outcome(rng, config, (step * config.rollouts_per_step + i) * len(config.terms) + t)
         score = round(rng.random(), 3) if outcome == "ok" else 0.0  # a failed score counts as zero
         shares[term] = round(score * weight, 6)
-        tel.grader(step=step, rollout_id=f"s{step}-r{i}", term=term, outcome=outcome,
-                   duration_s=round(rng.uniform(0.1, 3.0), 3), score=score)
+        tel.grader(
+            step=step,
+            rollout_id=f"s{step}-r{i}",
+            term=term,
+            outcome=outcome,
+            duration_s=round(rng.uniform(0.1, 3.0), 3),
+            score=score,
+        )
         truth.spans += 1
         truth.graded[(run_id, term)] += 1
         if outcome != "ok":
@@ -120,16 +131,24 @@ def _one_rollout(tel: TrainingTelemetry, rng: random.Random, truth: GroundTruth,
     clipped = rng.random() < config.clip_rate
     tokens = MAX_TOKENS if clipped else rng.randint(50, MAX_TOKENS - 1)
     took_s = _children(tel, truth, config, run_id, step, f"s{step}-r{i}", tokens) if config.child_spans else 0.0
-    tel.rollout(step=step, rollout_id=f"s{step}-r{i}", reward=round(sum(shares.values()), 6), term_shares=shares,
-                completion_tokens=tokens, max_tokens=MAX_TOKENS, sample_id=f"p{step}-{i // config.rollouts_per_sample}",
-                duration_s=took_s)
+    tel.rollout(
+        step=step,
+        rollout_id=f"s{step}-r{i}",
+        reward=round(sum(shares.values()), 6),
+        term_shares=shares,
+        completion_tokens=tokens,
+        max_tokens=MAX_TOKENS,
+        sample_id=f"p{step}-{i // config.rollouts_per_sample}",
+        duration_s=took_s,
+    )
     truth.spans += 1
     truth.rollouts[run_id] += 1
     truth.clipped[(run_id, step)] += int(clipped)
 
 
-def _children(tel: TrainingTelemetry, truth: GroundTruth, config: SimConfig, run_id: str, step: int,
-              rollout_id: str, tokens: int) -> float:
+def _children(
+    tel: TrainingTelemetry, truth: GroundTruth, config: SimConfig, run_id: str, step: int, rollout_id: str, tokens: int
+) -> float:
     """Seed 000's tree under a rollout: LLM turn, TOOL call, LLM turn; returns the rollout's duration.
 
     Their own generator (seeded by the rollout), so the rewards, outcomes and clipping drawn
@@ -141,24 +160,52 @@ def _children(tel: TrainingTelemetry, truth: GroundTruth, config: SimConfig, run
     parent, trace = span_id(f"{ids}/rollout"), trace_id(ids)
     now = time.time_ns()
     first = tokens // 3
-    calls = [("turn 1", "LLM", rng.uniform(0.2, 1.5), {"gen_ai.request.model": "sim-policy",
-                                                        "gen_ai.usage.input_tokens": rng.randint(200, 800),
-                                                        "gen_ai.usage.output_tokens": first}),
-             ("search", "TOOL", rng.uniform(0.05, 0.8), {"tool.name": "search", "tool.provider": "mcp"}),
-             ("turn 2", "LLM", rng.uniform(0.2, 1.5), {"gen_ai.request.model": "sim-policy",
-                                                        "gen_ai.usage.input_tokens": rng.randint(800, 1600),
-                                                        "gen_ai.usage.output_tokens": tokens - first})]
+    calls = [
+        (
+            "turn 1",
+            "LLM",
+            rng.uniform(0.2, 1.5),
+            {
+                "gen_ai.request.model": "sim-policy",
+                "gen_ai.usage.input_tokens": rng.randint(200, 800),
+                "gen_ai.usage.output_tokens": first,
+            },
+        ),
+        ("search", "TOOL", rng.uniform(0.05, 0.8), {"tool.name": "search", "tool.provider": "mcp"}),
+        (
+            "turn 2",
+            "LLM",
+            rng.uniform(0.2, 1.5),
+            {
+                "gen_ai.request.model": "sim-policy",
+                "gen_ai.usage.input_tokens": rng.randint(800, 1600),
+                "gen_ai.usage.output_tokens": tokens - first,
+            },
+        ),
+    ]
     failed = rng.random() < 0.1  # now and then the tool errs and the second turn answers without it
     start = now - 3_000_000_000 - int(sum(c[2] for c in calls) * 1e9)
     took = now - start
     for k, (name, kind, seconds, attrs) in enumerate(calls):
         end = start + int(seconds * 1e9)
         error = failed and kind == "TOOL"
-        tel.publish_span({"time_ns": end, "trace_id": trace, "span_id": span_id(f"{ids}/child{k}"),
-                          "parent_span_id": parent, "name": name, "kind": kind, "start_time_ns": start,
-                          "end_time_ns": end, "status": "ERROR" if error else "OK",
-                          "status_message": "search backend timed out" if error else "", "rollout_id": rollout_id,
-                          "step": step, "attributes": attrs})
+        tel.publish_span(
+            {
+                "time_ns": end,
+                "trace_id": trace,
+                "span_id": span_id(f"{ids}/child{k}"),
+                "parent_span_id": parent,
+                "name": name,
+                "kind": kind,
+                "start_time_ns": start,
+                "end_time_ns": end,
+                "status": "ERROR" if error else "OK",
+                "status_message": "search backend timed out" if error else "",
+                "rollout_id": rollout_id,
+                "step": step,
+                "attributes": attrs,
+            }
+        )
         truth.spans += 1
         start = end
     return took / 1e9 + 0.001  # the rollout call comes a moment after now
@@ -170,26 +217,49 @@ def _gpu_sample(tel: TrainingTelemetry, truth: GroundTruth, run_id: str, step: i
     xid = first_run and step >= 1
     slowdown = first_run and step == 2
     sample = {
-        "project": tel.project, "run_id": run_id, "attempt": 1, "time_ns": time.time_ns(), "hw_id": hw_id,
-        "index": 0, "host": "sim-host", "node": "sim-node", "pod": "", "rank": 0, "role": "trainer",
-        "power_w": 300.0 + 10 * step, "temperature_c": 60.0 + step, "gpu_utilization": 0.9, "memory_used_bytes": 60 << 30,
-        "memory_total_bytes": 80 << 30, "memory_utilization": 0.75, "memory_activity": 0.4, "sm_clock_mhz": 1410.0,
-        "throttle_reasons": 0x8 | 0x1 if slowdown else 0x0, "xid_errors": 1 if xid else 0, "xid_last": 79 if xid else None,
+        "project": tel.project,
+        "run_id": run_id,
+        "attempt": 1,
+        "time_ns": time.time_ns(),
+        "hw_id": hw_id,
+        "index": 0,
+        "host": "sim-host",
+        "node": "sim-node",
+        "pod": "",
+        "rank": 0,
+        "role": "trainer",
+        "power_w": 300.0 + 10 * step,
+        "temperature_c": 60.0 + step,
+        "gpu_utilization": 0.9,
+        "memory_used_bytes": 60 << 30,
+        "memory_total_bytes": 80 << 30,
+        "memory_utilization": 0.75,
+        "memory_activity": 0.4,
+        "sm_clock_mhz": 1410.0,
+        "throttle_reasons": 0x8 | 0x1 if slowdown else 0x0,
+        "xid_errors": 1 if xid else 0,
+        "xid_last": 79 if xid else None,
     }
-    placement = {key: sample[key] for key in ("project", "run_id", "attempt", "time_ns", "role", "rank", "pod", "node",
-                                              "host", "index", "hw_id")}
+    placement = {
+        key: sample[key]
+        for key in ("project", "run_id", "attempt", "time_ns", "role", "rank", "pod", "node", "host", "index", "hw_id")
+    }
     for schema, record in (("GpuSample", sample), ("Placement", dict(placement, stage=""))):
         tel.publish_hardware(schema, hw_id, record)
     truth.gpu_samples += 1
     if first_run and step == 2:
-        truth.expected_alerts |= {("xid", hw_id, "FIRING"), ("hw_slowdown", hw_id, "FIRING"),
-                                  ("hw_slowdown", hw_id, "RESOLVED")}
+        truth.expected_alerts |= {("xid", hw_id, "FIRING"), ("hw_slowdown", hw_id, "FIRING"), ("hw_slowdown", hw_id, "RESOLVED")}
 
 
 def _silent_run(settings: Settings, config: SimConfig, rng: random.Random, truth: GroundTruth) -> None:
     run_id = f"{config.project}-silent"
-    tel = TrainingTelemetry(project=config.project, run_id=run_id, attempt=1, trainer="rl",
-                            settings=dataclasses.replace(settings, heartbeat_interval=3600.0))
+    tel = TrainingTelemetry(
+        project=config.project,
+        run_id=run_id,
+        attempt=1,
+        trainer="rl",
+        settings=dataclasses.replace(settings, heartbeat_interval=3600.0),
+    )
     tel.start()
     truth.step_events += 1
     for i in range(config.rollouts_per_step):

@@ -5,7 +5,8 @@ limits refuse raises ValueError naming the field instead of failing on the sende
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from rlpulse.producers import events as v
 from rlpulse.schemas.enums import SPAN_KINDS

@@ -11,7 +11,8 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
 
 from rlpulse.producers import events as v
 from rlpulse.producers import process
@@ -102,7 +103,7 @@ class TrainingTelemetry:
         process.track(self)
 
     # -- lifecycle -------------------------------------------------------------------------
-    def __enter__(self) -> "TrainingTelemetry":
+    def __enter__(self) -> TrainingTelemetry:
         self.start()
         return self
 
@@ -172,7 +173,7 @@ class TrainingTelemetry:
         return self._sender
 
     @property
-    def aio(self) -> "AsyncTrainingTelemetry":
+    def aio(self) -> AsyncTrainingTelemetry:
         """The asyncio face of this object, sharing its sender."""
         return AsyncTrainingTelemetry(telemetry=self)
 
@@ -283,11 +284,16 @@ class TrainingTelemetry:
             v.require_count("output_tokens", output_tokens)
         size = GRADER_QUEUED_BYTES + len(rollout_id) + 2 * len(term)
         if size > self._span_quick_limit:
-            v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, dict(rollout_id=rollout_id, term=term, name=term))
+            named = dict(rollout_id=rollout_id, term=term, name=term)
+            v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, named)
         if new_term:
             self._register_terms((term,))
-        self._put(SPANS, self._grader_channel, (self._clock(), step, rollout_id, term, outcome, duration_s, score,
-                                                 input_tokens, output_tokens), size)
+        self._put(
+            SPANS,
+            self._grader_channel,
+            (self._clock(), step, rollout_id, term, outcome, duration_s, score, input_tokens, output_tokens),
+            size,
+        )
 
     def step_completed(self, step: int, tokens: int = 0, duration_s: float = 0.0, mfu: float | None = None) -> None:
         """Record a completed step; ``step_count`` goes up by one (a repeated step after a restore counts again)."""
@@ -301,7 +307,7 @@ class TrainingTelemetry:
         """Publish the current ``step_count`` now (the background timer calls this)."""
         self._step_event("HEARTBEAT")
 
-    def span_exporter(self) -> "RlpulseSpanExporter":
+    def span_exporter(self) -> RlpulseSpanExporter:
         """An OpenTelemetry SpanExporter publishing the job's own spans (see ``rlpulse.producers.otel``)."""
         from rlpulse.producers.otel import RlpulseSpanExporter
 
@@ -335,19 +341,26 @@ class TrainingTelemetry:
         with self._terms_lock:
             new = [t for t in terms if t not in self._terms]
             if len(self._terms) + len(new) > MAX_TERMS:
-                raise ValueError(f"term {new[MAX_TERMS - len(self._terms)]!r} would be distinct term number "
-                                 f"{MAX_TERMS + 1} for this run; at most {MAX_TERMS} are allowed")
+                raise ValueError(
+                    f"term {new[MAX_TERMS - len(self._terms)]!r} would be distinct term number "
+                    f"{MAX_TERMS + 1} for this run; at most {MAX_TERMS} are allowed"
+                )
             self._terms.update(new)
 
-    def _step_event(self, type_: str, step: int = -1, tokens: int = 0, duration_s: float = 0.0,
-                    mfu: float | None = None, completed: int = 0) -> None:
+    def _step_event(
+        self, type_: str, step: int = -1, tokens: int = 0, duration_s: float = 0.0, mfu: float | None = None, completed: int = 0
+    ) -> None:
         with self._step_lock:  # so step_count and the sequence id rise together across threads
             self.step_count += completed
             # RUN_END says how many spans this writer numbered, so the streams can close the run as
             # soon as they have applied the last one instead of waiting for it to go quiet.
             spans_sent = self._sender.queue.last_sequence(SPANS) if type_ == "RUN_END" else 0
-            self._put(STEPS, self._step_channel,
-                      (self._clock(), type_, step, self.step_count, tokens, duration_s, mfu, spans_sent), STEP_QUEUED_BYTES)
+            self._put(
+                STEPS,
+                self._step_channel,
+                (self._clock(), type_, step, self.step_count, tokens, duration_s, mfu, spans_sent),
+                STEP_QUEUED_BYTES,
+            )
 
     # -- process life (called by rlpulse.producers.process) ------------------------------------------
     def _after_fork_in_child(self) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (InvalidProducerIdMapping, MessageSizeTooLargeError, OutOfOrderSequenceNumber,
@@ -45,7 +46,7 @@ class KafkaTransport:
         self.refused: str | None = None  # why the broker refuses our credentials or certificate, while it does
         self.refusals = 0  # connection attempts the broker refused so far
 
-    def renew(self) -> "KafkaTransport":
+    def renew(self) -> KafkaTransport:
         """A new thread's transport: a producer of its own, and what this one learnt (topics created, refusals)."""
         fresh = KafkaTransport(self.settings, max_message_bytes=self.max_message_bytes, linger_ms=self.linger_ms)
         fresh._topics_ready = self._topics_ready

@@ -13,7 +13,11 @@ from rlpulse.schemas import env as envvars
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", dest="kafka_bootstrap", help=f"Kafka bootstrap servers ({envvars.KAFKA_BOOTSTRAP})")
-    parser.add_argument("--clickhouse-url", dest="clickhouse_url", help=f"chdb:///path or http://user:pass@host:8123/db ({envvars.CLICKHOUSE_URL})")
+    parser.add_argument(
+        "--clickhouse-url",
+        dest="clickhouse_url",
+        help=f"chdb:///path or http://user:pass@host:8123/db ({envvars.CLICKHOUSE_URL})",
+    )
     parser.add_argument("--topic-prefix", dest="topic_prefix", help=f"prefix of every topic name ({envvars.TOPIC_PREFIX})")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
@@ -24,9 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("services", help="start, stop or inspect the local Kafka broker")
     p.add_argument("action", choices=["up", "down", "status"])
-    p.add_argument("--brokers", type=int, choices=[1, 3, 5], default=None,
-                   help="up: a KRaft cluster of this many nodes on the bootstrap port and the ones after it, "
-                        f"replication 3 (default: the cluster formed in {envvars.HOME}, if any, else 1)")
+    p.add_argument(
+        "--brokers",
+        type=int,
+        choices=[1, 3, 5],
+        default=None,
+        help="up: a KRaft cluster of this many nodes on the bootstrap port and the ones after it, "
+        f"replication 3 (default: the cluster formed in {envvars.HOME}, if any, else 1)",
+    )
     _add_common(p)
     p.set_defaults(func=commands.cmd_services)
 
@@ -37,22 +46,41 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sink", help="write the topics into ClickHouse")
     p.add_argument("--batch-rows", type=int, default=5000, help="insert when this many rows are buffered")
     p.add_argument("--flush-interval", type=float, default=1.0, help="seconds between checkpoints")
-    p.add_argument("--read-port", type=int, default=None, help="port of the read-only query endpoint on 127.0.0.1 "
-                   f"(chDB store only; default {envvars.READ_PORT}, else a free port, published in the store's 'endpoint' file)")
+    p.add_argument(
+        "--read-port",
+        type=int,
+        default=None,
+        help="port of the read-only query endpoint on 127.0.0.1 "
+        f"(chDB store only; default {envvars.READ_PORT}, else a free port, published in the store's 'endpoint' file)",
+    )
     _add_common(p)
     p.set_defaults(func=commands.cmd_sink)
 
-    p = sub.add_parser("migrate", help="create or upgrade the ClickHouse tables",
-                       description=f"Applies the migrations not applied yet. With {envvars.CLICKHOUSE_CLUSTER}=name, "
-                       "ON CLUSTER: replicated <table>_local parts and Distributed tables under the tables' names.")
-    p.add_argument("--kafka-engine", action="store_true",
-                   help="also create ClickHouse Kafka engine tables and materialized views that load the raw topics "
-                   "(spans, steps, hardware) into their tables (a ClickHouse server only; then run the sinks with "
-                   f"{envvars.SINK_RAW}=0)")
-    p.add_argument("--kafka-engine-brokers", metavar="HOST:PORT,...",
-                   help="the brokers as the ClickHouse server reaches them (default: --bootstrap)")
-    p.add_argument("--kafka-engine-consumers", type=int, default=1, metavar="N",
-                   help="consumers per Kafka table on each server (kafka_num_consumers; default 1)")
+    p = sub.add_parser(
+        "migrate",
+        help="create or upgrade the ClickHouse tables",
+        description=f"Applies the migrations not applied yet. With {envvars.CLICKHOUSE_CLUSTER}=name, "
+        "ON CLUSTER: replicated <table>_local parts and Distributed tables under the tables' names.",
+    )
+    p.add_argument(
+        "--kafka-engine",
+        action="store_true",
+        help="also create ClickHouse Kafka engine tables and materialized views that load the raw topics "
+        "(spans, steps, hardware) into their tables (a ClickHouse server only; then run the sinks with "
+        f"{envvars.SINK_RAW}=0)",
+    )
+    p.add_argument(
+        "--kafka-engine-brokers",
+        metavar="HOST:PORT,...",
+        help="the brokers as the ClickHouse server reaches them (default: --bootstrap)",
+    )
+    p.add_argument(
+        "--kafka-engine-consumers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="consumers per Kafka table on each server (kafka_num_consumers; default 1)",
+    )
     _add_common(p)
     p.set_defaults(func=commands.cmd_migrate)
 
@@ -60,8 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("sql", nargs="?", help="SQL; {name:Type} placeholders take --param values")
     p.add_argument("--saved", metavar="NAME", help="run the saved query NAME (sinks/queries/NAME.sql)")
     p.add_argument("--list", action="store_true", help="list the saved queries")
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="value of a {NAME:Type} placeholder, parsed by ClickHouse as Type (repeatable)")
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="value of a {NAME:Type} placeholder, parsed by ClickHouse as Type (repeatable)",
+    )
     p.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
     _add_common(p)
     p.set_defaults(func=commands.cmd_query)
@@ -86,12 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=commands.cmd_demo)
 
-    p = sub.add_parser("dlq", help="show the dead letters (source, reason); `dlq replay` puts them back once the cause is fixed",
-                       description="`rlpulse dlq` lists the last dead letters: source topic/partition/offset, size, "
-                       "reason, and where a replay sent each. `rlpulse dlq replay` republishes each dead letter not "
-                       "replayed yet (original bytes and key) to its source topic, where the sink reads it again; "
-                       "what it replayed is recorded (topic <prefix>.dlq-replayed, group <prefix>-dlq-replay), so a "
-                       "second replay sends nothing twice.")
+    p = sub.add_parser(
+        "dlq",
+        help="show the dead letters (source, reason); `dlq replay` puts them back once the cause is fixed",
+        description="`rlpulse dlq` lists the last dead letters: source topic/partition/offset, size, "
+        "reason, and where a replay sent each. `rlpulse dlq replay` republishes each dead letter not "
+        "replayed yet (original bytes and key) to its source topic, where the sink reads it again; "
+        "what it replayed is recorded (topic <prefix>.dlq-replayed, group <prefix>-dlq-replay), so a "
+        "second replay sends nothing twice.",
+    )
     p.add_argument("action", nargs="?", choices=["list", "replay"], default="list", help="list (default) or replay")
     p.add_argument("--limit", type=int, default=100, help="list: the last N dead letters")
     p.add_argument("--topic", help="replay: only letters from this source topic (short name such as spans, or full)")
@@ -100,22 +136,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=commands.cmd_dlq)
 
-    p = sub.add_parser("alerts", help="print alerts as they fire and resolve; optionally POST each to a webhook",
-                       description="Reads the alerts topic in a consumer group and commits an alert only once the "
-                       "webhook accepted it (or it was given up on), so alerts fired while this was down, or read "
-                       "but not delivered when it stopped, are posted at the next start: at least once. Each POST "
-                       "carries alert_id (JSON body) and an Idempotency-Key header with the same value, one per "
-                       "alert transition, for the receiver to drop duplicates. Logs name only the webhook's "
-                       "scheme and host.")
-    p.add_argument("--webhook", help="POST each alert as JSON to this URL (retried with backoff; see --give-up-after). "
-                   f"{envvars.ALERTS_WEBHOOK} keeps the URL and its token out of the process list")
+    p = sub.add_parser(
+        "alerts",
+        help="print alerts as they fire and resolve; optionally POST each to a webhook",
+        description="Reads the alerts topic in a consumer group and commits an alert only once the "
+        "webhook accepted it (or it was given up on), so alerts fired while this was down, or read "
+        "but not delivered when it stopped, are posted at the next start: at least once. Each POST "
+        "carries alert_id (JSON body) and an Idempotency-Key header with the same value, one per "
+        "alert transition, for the receiver to drop duplicates. Logs name only the webhook's "
+        "scheme and host.",
+    )
+    p.add_argument(
+        "--webhook",
+        help="POST each alert as JSON to this URL (retried with backoff; see --give-up-after). "
+        f"{envvars.ALERTS_WEBHOOK} keeps the URL and its token out of the process list",
+    )
     p.add_argument("--group", help="consumer group whose committed offsets say where to resume (default <prefix>-alerts)")
-    p.add_argument("--from-beginning", action="store_true",
-                   help="a group with no committed offset starts at the beginning of the topic, not its end")
+    p.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="a group with no committed offset starts at the beginning of the topic, not its end",
+    )
     p.add_argument("--once", action="store_true", help="stop once what is on the topic now is printed, posted and committed")
-    p.add_argument("--give-up-after", default="10m",
-                   help="once the webhook has failed every call for this long, an alert that fails is logged, counted "
-                   "and skipped instead of retried (a 4xx refusal is at once)")
+    p.add_argument(
+        "--give-up-after",
+        default="10m",
+        help="once the webhook has failed every call for this long, an alert that fails is logged, counted "
+        "and skipped instead of retried (a 4xx refusal is at once)",
+    )
     p.add_argument("--webhook-timeout", default="5s", help="time limit of one POST")
     _add_common(p)
     p.set_defaults(func=commands.cmd_alerts)
@@ -151,19 +199,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="PATH", help="write a self-contained HTML page of RUN's charts to PATH")
     p.add_argument("--attempt", type=int, help="attempt of RUN (default: the latest one with data)")
     p.add_argument("--project", help="only this project (text report)")
-    p.add_argument("--step", type=int, help="with --html: the step whose trajectories the page shows "
-                   "(default: the latest step with rollouts)")
-    p.add_argument("--sample", metavar="ID", help="with --html: the sample (prompt) whose trajectories the page "
-                   "shows (default: the step's first sample by id; the page lists the others)")
+    p.add_argument(
+        "--step",
+        type=int,
+        help="with --html: the step whose trajectories the page shows (default: the latest step with rollouts)",
+    )
+    p.add_argument(
+        "--sample",
+        metavar="ID",
+        help="with --html: the sample (prompt) whose trajectories the page "
+        "shows (default: the step's first sample by id; the page lists the others)",
+    )
     _add_common(p)
     p.set_defaults(func=commands.cmd_report)
 
-    p = sub.add_parser("watch", help="a live terminal view of the active runs (step, pace, reward, alerts, GPUs)",
-                       description="One line per active run, refreshed from ClickHouse: step, steps per minute, "
-                       "reward mean and clipped ratio of the latest step, grader failure rate, state "
-                       "(RUNNING, STALLED, SILENT, ENDED); then the runs' GPUs and open alerts. A run is active "
-                       "when it reported in the last 10 minutes or has an open stall or silence alert; ended "
-                       "runs are dimmed. Ctrl-C quits.")
+    p = sub.add_parser(
+        "watch",
+        help="a live terminal view of the active runs (step, pace, reward, alerts, GPUs)",
+        description="One line per active run, refreshed from ClickHouse: step, steps per minute, "
+        "reward mean and clipped ratio of the latest step, grader failure rate, state "
+        "(RUNNING, STALLED, SILENT, ENDED); then the runs' GPUs and open alerts. A run is active "
+        "when it reported in the last 10 minutes or has an open stall or silence alert; ended "
+        "runs are dimmed. Ctrl-C quits.",
+    )
     p.add_argument("--interval", default="2s", help="refresh interval (500ms, 2s, 1m)")
     p.add_argument("--project", help="only this project")
     p.add_argument("--all", action="store_true", help="every run in the database, not only the active ones")
@@ -225,14 +283,17 @@ def _known_failure(exc: Exception, args: argparse.Namespace) -> str | None:
             bootstrap = commands.settings_of(args).kafka_bootstrap
         except ValueError:
             bootstrap = "the bootstrap servers"
-        return (f"lost the Kafka broker at {bootstrap} ({exc}). Check it with `rlpulse services status`; "
-                "start the local one with `rlpulse services up`")
+        return (
+            f"lost the Kafka broker at {bootstrap} ({exc}). Check it with `rlpulse services status`; "
+            "start the local one with `rlpulse services up`"
+        )
     if kind.startswith(("clickhouse_connect", "chdb")):
         from rlpulse.sinks.queries import one_line
 
         return f"ClickHouse failed: {one_line(exc, limit=300)}"
     if isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)) or (
-            isinstance(exc, OSError) and exc.filename is not None):  # a path that cannot be read or written
+        isinstance(exc, OSError) and exc.filename is not None
+    ):  # a path that cannot be read or written
         return str(exc)
     return None
 

@@ -45,10 +45,14 @@ def run_demo(settings: Settings) -> int:
                            gpu=True)
         truth = simulate(settings, config, progress=_say)
         # the last window closes at its end + lateness; the per-step figures settle within seconds after
-        last_close = (time.time_ns() // int(DEMO_WINDOW_S * 1e9) + 1) * int(DEMO_WINDOW_S * 1e9) + int((DEMO_LATENESS_S + 3) * 1e9)
-        _say(f"published {truth.spans} spans, {truth.step_events} step events and {truth.gpu_samples} GPU samples; waiting for the last "
-             f"{DEMO_WINDOW_S:.0f}s window to close and the sink to catch up")
+        window_ns = int(DEMO_WINDOW_S * 1e9)
+        last_close = (time.time_ns() // window_ns + 1) * window_ns + int((DEMO_LATENESS_S + 3) * 1e9)
+        _say(
+            f"published {truth.spans} spans, {truth.step_events} step events and {truth.gpu_samples} GPU samples; "
+            f"waiting for the last {DEMO_WINDOW_S:.0f}s window to close and the sink to catch up"
+        )
         with Ticker("waiting for the last window to close and the sink to catch up", say=_say) as ticker:
+
             def progress(line: str) -> None:
                 _say(line)
                 ticker.update(line)
@@ -60,9 +64,12 @@ def run_demo(settings: Settings) -> int:
         _say(f"report from ClickHouse ({store.url}, database {store.database})")
         print_report(store, project=project)
         columns, rows = failures_by_cause(store, project)
-        fired = set(store.client.query(
-            f"SELECT rule, key, state FROM {store.database}.alerts FINAL WHERE project = {{p:String}}",
-            parameters={"p": project}).result_rows)
+        fired = set(
+            store.client.query(
+                f"SELECT rule, key, state FROM {store.database}.alerts FINAL WHERE project = {{p:String}}",
+                parameters={"p": project},
+            ).result_rows
+        )
     stored = {(r[0], r[2]): r[3] for r in rows}
     sent: dict[tuple[str, str], int] = {}
     for (run_id, _term, cause), n in truth.failures.items():
@@ -76,7 +83,9 @@ def run_demo(settings: Settings) -> int:
         _say(f"MISSING alerts the simulation should have caused: {sorted(missing)}")
         return 1
     _say(f"every alert the simulation should cause fired and resolved as expected ({len(truth.expected_alerts)})")
-    _say(f"ClickHouse agrees with what the simulator sent: {sum(sent.values())} grader failures in "
-         f"{len({run for run, _ in sent})} runs, every cause accounted for")
+    _say(
+        f"ClickHouse agrees with what the simulator sent: {sum(sent.values())} grader failures in "
+        f"{len({run for run, _ in sent})} runs, every cause accounted for"
+    )
     _say(f"done in {time.monotonic() - started:.0f}s")
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def elapsed(seconds: float) -> str:
@@ -45,7 +45,7 @@ class Ticker:
         while not self._stop.wait(self.every):
             self.say(self.line())
 
-    def __enter__(self) -> "Ticker":
+    def __enter__(self) -> Ticker:
         self.started = self.clock()
         self._thread = threading.Thread(target=self._run, name="rlpulse-progress", daemon=True)
         self._thread.start()

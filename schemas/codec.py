@@ -22,7 +22,8 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
@@ -76,7 +77,8 @@ def short_name(name: str) -> str:
 
 
 def _load(raw: dict[str, Any]) -> _Schema:
-    parsed = fastavro.parse_schema(raw)  # keeps fastavro's parsed marker: no re-parse on every write
+    # keeps fastavro's parsed marker: no re-parse on every write; a named record parses to a dict
+    parsed: dict[str, Any] = fastavro.parse_schema(raw)  # type: ignore[assignment]
     return _Schema(name=parsed["name"], parsed=parsed, canonical=to_parsing_canonical_form(parsed))
 
 
@@ -150,7 +152,9 @@ def read_header(data: bytes) -> Header:
     if name is None:
         try:
             schema = json.loads(schema_json)
-            name = full_name(f"{schema.get('namespace', NAMESPACE)}.{schema['name']}") if "." not in schema["name"] else schema["name"]
+            name = schema["name"]
+            if "." not in name:
+                name = full_name(f"{schema.get('namespace', NAMESPACE)}.{name}")
         except Exception:
             raise DecodeError("Avro container header's schema is not a named record") from None
         if len(_NAMES) > 1000:  # writer schemas are few; bogus headers must not grow it
@@ -158,8 +162,7 @@ def read_header(data: bytes) -> Header:
         _NAMES[schema_json] = name
     # not UTF-8: an unknown codec name that fastavro refuses, never an exception of another kind
     codec = meta.get("avro.codec", b"null").decode("utf-8", "replace")
-    return Header(schema_json=schema_json, codec=codec, sync=bytes(data[pos:pos + SYNC_SIZE]),
-                  end=pos + SYNC_SIZE, name=name)
+    return Header(schema_json=schema_json, codec=codec, sync=bytes(data[pos : pos + SYNC_SIZE]), end=pos + SYNC_SIZE, name=name)
 
 
 def blocks(data: bytes, header: Header) -> Iterable[tuple[int, memoryview]]:
@@ -171,9 +174,9 @@ def blocks(data: bytes, header: Header) -> Iterable[tuple[int, memoryview]]:
         size, pos = _read_long(view, pos)
         if count < 0 or size < 0 or pos + size + SYNC_SIZE > len(data):
             raise DecodeError(f"corrupt Avro container: block of {size} bytes runs past the end")
-        body = view[pos:pos + size]
+        body = view[pos : pos + size]
         pos += size
-        if view[pos:pos + SYNC_SIZE] != header.sync:
+        if view[pos : pos + SYNC_SIZE] != header.sync:
             raise DecodeError("corrupt Avro container: sync marker mismatch after a block")
         pos += SYNC_SIZE
         yield count, body
@@ -266,7 +269,7 @@ def concat(messages: list[bytes], headers: list[Header] | None = None) -> bytes:
         return messages[0]
     headers = headers or [read_header(data) for data in messages]
     first = headers[0]
-    out = bytearray(messages[0][:first.end])
+    out = bytearray(messages[0][: first.end])
     for data, header in zip(messages, headers):
         if header.schema_json != first.schema_json or header.codec != first.codec:
             raise ValueError("concat needs containers with one writer schema and codec")
@@ -282,8 +285,14 @@ def _bytes_field(b: bytes) -> bytes:
 def _container_header(raw: dict[str, Any], sync: bytes) -> bytes:
     """Magic, the metadata map (the writer schema as the .avsc has it, codec null), the sync marker."""
     schema_json = json.dumps(raw, separators=(",", ":")).encode()
-    meta = _long_bytes(2) + _bytes_field(b"avro.schema") + _bytes_field(schema_json) \
-        + _bytes_field(b"avro.codec") + _bytes_field(b"null") + _long_bytes(0)
+    meta = (
+        _long_bytes(2)
+        + _bytes_field(b"avro.schema")
+        + _bytes_field(schema_json)
+        + _bytes_field(b"avro.codec")
+        + _bytes_field(b"null")
+        + _long_bytes(0)
+    )
     return MAGIC + meta + sync
 
 
@@ -353,8 +362,7 @@ class Codec:
                 self._writers[header.schema_json] = cached
         return cached
 
-    def decode(self, data: bytes, expect: tuple[str, ...] | None = None,
-               fields: frozenset[str] | None = None) -> Decoded:
+    def decode(self, data: bytes, expect: tuple[str, ...] | None = None, fields: frozenset[str] | None = None) -> Decoded:
         """Decode a container into the local reader schema of the writer's record name.
 
         ``expect`` (full names) limits the record types accepted. ``fields`` is a hint: records
@@ -384,10 +392,11 @@ class Codec:
         expected = sum(count for count, _ in blocks(data, header))
         try:
             it = fastavro.reader(io.BytesIO(data), reader_schema=None if same else reader.parsed)
-            records = list(it)
+            records = list(it)  # type: ignore[arg-type]  # a record schema yields dicts
         except Exception as exc:  # fastavro raises many types on corrupt bodies
             raise DecodeError(f"corrupt {short_name(writer.name)} container: {type(exc).__name__}: {exc}") from None
         if len(records) != expected:
-            raise DecodeError(f"corrupt {short_name(writer.name)} container: {len(records)} records decoded, "
-                              f"its blocks say {expected}")
+            raise DecodeError(
+                f"corrupt {short_name(writer.name)} container: {len(records)} records decoded, its blocks say {expected}"
+            )
         return Decoded(name=writer.name, records=records)

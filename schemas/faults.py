@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from rlpulse.schemas.env import FAULTS as FAULTS_ENV  # the variable is named once, in env
 
@@ -39,7 +39,7 @@ class Faults:
     slow_insert: int = 0  # seconds
 
     @classmethod
-    def parse(cls, text: str) -> "Faults":
+    def parse(cls, text: str) -> Faults:
         """``name=value`` pairs separated by commas; '' means no fault."""
         values: dict[str, object] = {}
         names = {f.name: f.type for f in dataclasses.fields(cls)}
@@ -60,7 +60,7 @@ class Faults:
         return cls(**values)  # type: ignore[arg-type]
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> "Faults":
+    def from_env(cls, env: Mapping[str, str]) -> Faults:
         return cls.parse(env.get(FAULTS_ENV, ""))
 
     def __bool__(self) -> bool:

@@ -14,7 +14,8 @@ import os
 import re
 import ssl
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
 
 from rlpulse.schemas import env as envvars
 from rlpulse.schemas.faults import Faults
@@ -173,7 +174,7 @@ class Settings:
     }
 
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None, **flags: object) -> "Settings":
+    def load(cls, env: Mapping[str, str] | None = None, **flags: object) -> Settings:
         """Build settings from ``flags`` (None values ignored), then ``env``, then defaults; the
         bootstrap's default is the broker recorded in the home, if one is, else 127.0.0.1:9092."""
         env = os.environ if env is None else env
@@ -194,7 +195,10 @@ class Settings:
             values["alerts"] = AlertThresholds(**alerts)  # type: ignore[arg-type]
         for field, value in flags.items():
             if value is not None:
-                values[field] = parse_duration(value) if isinstance(value, (str, int, float)) and field in _DURATION_FIELDS else value
+                if isinstance(value, (str, int, float)) and field in _DURATION_FIELDS:
+                    values[field] = parse_duration(value)
+                else:
+                    values[field] = value
         if "kafka_bootstrap" not in values:
             # One home, one address: the broker this home started, on whatever port it listens,
             # comes before the default for a command given neither --bootstrap nor the variable.
@@ -250,17 +254,20 @@ class Settings:
         try:
             context = ssl.create_default_context(cafile=self.kafka_ssl_cafile or None)
         except (ssl.SSLError, OSError) as exc:
-            raise ValueError(f"{envvars.KAFKA_SSL_CAFILE}: cannot load CA certificates from {self.kafka_ssl_cafile}: "
-                             f"{_ssl_reason(exc)}") from None
+            raise ValueError(
+                f"{envvars.KAFKA_SSL_CAFILE}: cannot load CA certificates from {self.kafka_ssl_cafile}: {_ssl_reason(exc)}"
+            ) from None
         if self.kafka_ssl_certfile:
             try:
-                context.load_cert_chain(self.kafka_ssl_certfile, self.kafka_ssl_keyfile or None,
-                                        password=self.kafka_ssl_key_password or None)
+                context.load_cert_chain(
+                    self.kafka_ssl_certfile, self.kafka_ssl_keyfile or None, password=self.kafka_ssl_key_password or None
+                )
             except (ssl.SSLError, OSError) as exc:
                 raise ValueError(
                     f"{envvars.KAFKA_SSL_CERTFILE}/{envvars.KAFKA_SSL_KEYFILE}: cannot load the client certificate "
                     f"{self.kafka_ssl_certfile} with key {self.kafka_ssl_keyfile or '(in the same file)'}: "
-                    f"{_ssl_reason(exc)} (a wrong or missing {envvars.KAFKA_SSL_KEY_PASSWORD} reads so too)") from None
+                    f"{_ssl_reason(exc)} (a wrong or missing {envvars.KAFKA_SSL_KEY_PASSWORD} reads so too)"
+                ) from None
         return context
 
     def kafka_client_kwargs(self) -> dict[str, object]:
@@ -298,25 +305,33 @@ def _check_kafka_security(s: Settings) -> None:
         if s.kafka_sasl_mechanism not in SASL_MECHANISMS:
             got = f"is {s.kafka_sasl_mechanism!r}" if s.kafka_sasl_mechanism else "is not set"
             raise ValueError(f"{envvars.KAFKA_SASL_MECHANISM} {got}: {protocol} needs one of {', '.join(SASL_MECHANISMS)}")
-        for var, value in ((envvars.KAFKA_SASL_USERNAME, s.kafka_sasl_username),
-                           (envvars.KAFKA_SASL_PASSWORD, s.kafka_sasl_password)):
+        for var, value in (
+            (envvars.KAFKA_SASL_USERNAME, s.kafka_sasl_username),
+            (envvars.KAFKA_SASL_PASSWORD, s.kafka_sasl_password),
+        ):
             if not value:
                 raise ValueError(f"{var} is not set: {protocol} with {s.kafka_sasl_mechanism} needs a username and a password")
     elif s.kafka_sasl_mechanism:
-        raise ValueError(f"{envvars.KAFKA_SASL_MECHANISM} is {s.kafka_sasl_mechanism} but {envvars.KAFKA_SECURITY_PROTOCOL} "
-                         f"is {protocol}: SASL needs SASL_SSL (or SASL_PLAINTEXT)")
-    tls_files = ((envvars.KAFKA_SSL_CAFILE, s.kafka_ssl_cafile), (envvars.KAFKA_SSL_CERTFILE, s.kafka_ssl_certfile),
-                 (envvars.KAFKA_SSL_KEYFILE, s.kafka_ssl_keyfile))
+        raise ValueError(
+            f"{envvars.KAFKA_SASL_MECHANISM} is {s.kafka_sasl_mechanism} but {envvars.KAFKA_SECURITY_PROTOCOL} "
+            f"is {protocol}: SASL needs SASL_SSL (or SASL_PLAINTEXT)"
+        )
+    tls_files = (
+        (envvars.KAFKA_SSL_CAFILE, s.kafka_ssl_cafile),
+        (envvars.KAFKA_SSL_CERTFILE, s.kafka_ssl_certfile),
+        (envvars.KAFKA_SSL_KEYFILE, s.kafka_ssl_keyfile),
+    )
     for var, path in tls_files:
         if path and protocol not in ("SSL", "SASL_SSL"):
-            raise ValueError(f"{var} is set but {envvars.KAFKA_SECURITY_PROTOCOL} is {protocol}: "
-                             "TLS files are used with SSL or SASL_SSL")
+            raise ValueError(
+                f"{var} is set but {envvars.KAFKA_SECURITY_PROTOCOL} is {protocol}: TLS files are used with SSL or SASL_SSL"
+            )
         if path and not os.access(path, os.R_OK):
             raise ValueError(f"{var}: {path} does not exist or cannot be read")
     if s.kafka_ssl_keyfile and not s.kafka_ssl_certfile:
-        raise ValueError(f"{envvars.KAFKA_SSL_KEYFILE} is set without {envvars.KAFKA_SSL_CERTFILE}: "
-                         "the key goes with a client certificate")
+        raise ValueError(
+            f"{envvars.KAFKA_SSL_KEYFILE} is set without {envvars.KAFKA_SSL_CERTFILE}: the key goes with a client certificate"
+        )
 
 
-_DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "silent_after", "heartbeat_interval",
-                    "streams_commit_interval"}
+_DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "silent_after", "heartbeat_interval", "streams_commit_interval"}

@@ -36,7 +36,8 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
@@ -68,7 +69,7 @@ class _Item:
 
 
 class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, feed: "AlertFeed"):
+    def __init__(self, feed: AlertFeed):
         self.feed = feed
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:

@@ -33,13 +33,13 @@ class NoDataError(RuntimeError):
     """The store has none of the data asked for (no rlpulse database yet, no rows of a run)."""
 
 
-def no_data(store: "Store", why: str) -> NoDataError:
+def no_data(store: Store, why: str) -> NoDataError:
     """The error for a store nothing was written to yet, with what fills one."""
     return NoDataError(f"{store.url} has no data yet ({why}). Run `rlpulse demo`, or the pipeline (`rlpulse streams`, "
                        f"`rlpulse sink`); or set {envvars.HOME} / {envvars.CLICKHOUSE_URL} to the store that has your data")
 
 
-def require_database(store: "Store") -> None:
+def require_database(store: Store) -> None:
     """NoDataError unless the store has the pipeline's database (an empty store has none until a sink or migrate ran)."""
     found = store.client.query("SELECT count() FROM system.databases WHERE name = {db:String}",
                                parameters={"db": store.database}).result_rows[0][0]
@@ -95,7 +95,7 @@ class Store:
                 os.close(self._lock_fd)  # releases the flock
                 self._lock_fd = None
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
 from rlpulse.sinks.queries import PLACEHOLDER, list_saved, load_saved
@@ -83,8 +84,13 @@ def _singlequote(value: str) -> str:
 
 # Format -> formatter, for a single (non-multi) value. No format: the ClickHouse plugin's own, which
 # passes a single value through as it is (CHDatasource.format in grafana/clickhouse-datasource).
-FORMATS: dict[str | None, Callable[[str], str]] = {"percentencode": _encode_uri_component_strict, "sqlstring": _sqlstring, "singlequote": _singlequote,
-           "raw": str, None: str}
+FORMATS: dict[str | None, Callable[[str], str]] = {
+    "percentencode": _encode_uri_component_strict,
+    "sqlstring": _sqlstring,
+    "singlequote": _singlequote,
+    "raw": str,
+    None: str,
+}
 
 
 def grafana_interpolate(sql: str, variables: Mapping[str, str]) -> str:
@@ -99,7 +105,9 @@ def grafana_interpolate(sql: str, variables: Mapping[str, str]) -> str:
         if name not in variables:
             return m.group(0)
         if fmt not in FORMATS:
-            raise ValueError(f"variable {name}: format {fmt!r} is not one grafana_interpolate knows ({sorted(map(str, FORMATS))})")
+            raise ValueError(
+                f"variable {name}: format {fmt!r} is not one grafana_interpolate knows ({sorted(map(str, FORMATS))})"
+            )
         return FORMATS[fmt](variables[name])
 
     return VARIABLE.sub(swap, sql)
@@ -120,7 +128,8 @@ def grafana_sql(name: str, sql: str) -> str:
             known = ", ".join(f"{{{n}:{t}}}" for n, (t, _) in MAPPING.items())
             raise UnmappedParameterError(
                 f"saved query {name}: parameter {{{param}:{type_}}} has no Grafana variable or macro; "
-                f"mapped are {known} (add one to MAPPING in sinks/grafana.py)")
+                f"mapped are {known} (add one to MAPPING in sinks/grafana.py)"
+            )
         return value
 
     return PLACEHOLDER.sub(swap, body).replace("{db}", DATABASE)
@@ -133,32 +142,72 @@ def _description(sql: str) -> str:
 def panel(name: str, panel_id: int, y: int) -> dict[str, Any]:
     """Saved query ``name`` as a panel: a trend of ``TRENDS[name]`` over ``step``, else a table."""
     sql = load_saved(name)
-    target = {"datasource": DATASOURCE, "editorType": "sql", "format": 1, "queryType": "table",
-              "rawSql": grafana_sql(name, sql), "refId": "A"}
+    target = {
+        "datasource": DATASOURCE,
+        "editorType": "sql",
+        "format": 1,
+        "queryType": "table",
+        "rawSql": grafana_sql(name, sql),
+        "refId": "A",
+    }
     out: dict[str, Any] = {
-        "datasource": DATASOURCE, "description": _description(sql), "id": panel_id, "title": name,
-        "gridPos": {"h": 10, "w": 24, "x": 0, "y": y}, "targets": [target], "type": "table",
-        "fieldConfig": {"defaults": {}, "overrides": []}, "options": {"cellHeight": "sm", "showHeader": True},
+        "datasource": DATASOURCE,
+        "description": _description(sql),
+        "id": panel_id,
+        "title": name,
+        "gridPos": {"h": 10, "w": 24, "x": 0, "y": y},
+        "targets": [target],
+        "type": "table",
+        "fieldConfig": {"defaults": {}, "overrides": []},
+        "options": {"cellHeight": "sm", "showHeader": True},
     }
     if name in TRENDS:
         out["type"] = "trend"
-        out["options"] = {"xField": "step", "tooltip": {"mode": "multi", "sort": "none"},
-                          "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}}
+        out["options"] = {
+            "xField": "step",
+            "tooltip": {"mode": "multi", "sort": "none"},
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+        }
         out["fieldConfig"]["defaults"] = {"custom": {"drawStyle": "line", "showPoints": "auto", "spanNulls": False}}
-        out["transformations"] = [{"id": "filterFieldsByName",
-                                   "options": {"include": {"names": ["step", *TRENDS[name]]}}}]
+        out["transformations"] = [{"id": "filterFieldsByName", "options": {"include": {"names": ["step", *TRENDS[name]]}}}]
     return out
 
 
 def _variables() -> list[dict[str, Any]]:
     return [
-        {"name": "run_id", "label": "run_id", "type": "query", "datasource": DATASOURCE, "query": RUN_IDS_SQL,
-         "definition": RUN_IDS_SQL, "refresh": 2, "sort": 0, "multi": False, "includeAll": False,
-         "current": {}, "options": [], "hide": 0},
-        {"name": "attempt", "label": "attempt", "type": "textbox", "query": "1", "hide": 0,
-         "current": {"selected": False, "text": "1", "value": "1"}, "options": [{"selected": True, "text": "1", "value": "1"}]},
-        {"name": "rollout_id", "label": "rollout_id (span tree)", "type": "textbox", "query": "", "hide": 0,
-         "current": {"selected": False, "text": "", "value": ""}, "options": []},
+        {
+            "name": "run_id",
+            "label": "run_id",
+            "type": "query",
+            "datasource": DATASOURCE,
+            "query": RUN_IDS_SQL,
+            "definition": RUN_IDS_SQL,
+            "refresh": 2,
+            "sort": 0,
+            "multi": False,
+            "includeAll": False,
+            "current": {},
+            "options": [],
+            "hide": 0,
+        },
+        {
+            "name": "attempt",
+            "label": "attempt",
+            "type": "textbox",
+            "query": "1",
+            "hide": 0,
+            "current": {"selected": False, "text": "1", "value": "1"},
+            "options": [{"selected": True, "text": "1", "value": "1"}],
+        },
+        {
+            "name": "rollout_id",
+            "label": "rollout_id (span tree)",
+            "type": "textbox",
+            "query": "",
+            "hide": 0,
+            "current": {"selected": False, "text": "", "value": ""},
+            "options": [],
+        },
     ]
 
 
@@ -166,10 +215,22 @@ def dashboard() -> dict[str, Any]:
     """The dashboard JSON (as a dict): the variables and one panel per saved query."""
     panels = [panel(name, i + 1, 10 * i) for i, name in enumerate(list_saved())]
     return {
-        "uid": "rlpulse", "title": "rlpulse", "description": "Generated by `python -m rlpulse.sinks.grafana` from sinks/queries/*.sql",
-        "tags": ["rlpulse"], "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1,
-        "time": {"from": "now-24h", "to": "now"}, "timepicker": {}, "timezone": "utc", "refresh": "",
-        "annotations": {"list": []}, "links": [], "panels": panels, "templating": {"list": _variables()},
+        "uid": "rlpulse",
+        "title": "rlpulse",
+        "description": "Generated by `python -m rlpulse.sinks.grafana` from sinks/queries/*.sql",
+        "tags": ["rlpulse"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-24h", "to": "now"},
+        "timepicker": {},
+        "timezone": "utc",
+        "refresh": "",
+        "annotations": {"list": []},
+        "links": [],
+        "panels": panels,
+        "templating": {"list": _variables()},
     }
 
 

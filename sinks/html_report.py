@@ -9,7 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from rlpulse.sinks import trajectory_html
 from rlpulse.sinks.clickhouse import Store

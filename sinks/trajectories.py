@@ -15,7 +15,8 @@ so a replayed offset range or a span exported twice shows once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from rlpulse.sinks.clickhouse import Store
 
@@ -43,7 +44,7 @@ class SpanRow:
     sequence_id: int = 0
     attributes: dict[str, str] = field(default_factory=dict)
     typed: dict[str, Any] = field(default_factory=dict)  # term, outcome, score, reward, ... (non-null only)
-    children: list["SpanRow"] = field(default_factory=list)
+    children: list[SpanRow] = field(default_factory=list)
     orphan: bool = False  # names a parent that is not among the trajectory's spans (or a cycle)
 
 

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from rlpulse.sinks.clickhouse import Store
 from rlpulse.sinks.html_escape import esc  # one escaping function for the whole page

@@ -33,7 +33,8 @@ No query uses FINAL: every figure is a min/max/argMax that duplicates cannot cha
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.live import Live

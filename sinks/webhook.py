@@ -14,7 +14,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 # The feed's logger name, as before this client had a module of its own: log lines and their

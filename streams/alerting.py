@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, MutableMapping
+from typing import Any
+from collections.abc import MutableMapping
 
 from rlpulse.schemas.settings import AlertThresholds
 

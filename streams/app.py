@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import faust
 from faust.types import TP

@@ -17,7 +17,8 @@ outputs and changelog are written before the offset moves), the one private call
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 

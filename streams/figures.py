@@ -124,7 +124,7 @@ class StepFigures:
                 "end_ns": self.end_ns, "last_ns": self.last_ns, "closed": self.closed, "dirty": self.dirty}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "StepFigures":
+    def from_dict(cls, d: dict[str, Any]) -> StepFigures:
         f = cls()
         for name in ("rollouts", "clipped", "reward_sum", "reward_sumsq", "completions", "completion_sum",
                      "completion_min", "completion_max", "samples_dropped", "terms_dropped", "end_ns", "closed", "dirty"):
@@ -215,7 +215,7 @@ class GraderWindow:
                 "closed": self.closed, "dirty": self.dirty}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GraderWindow":
+    def from_dict(cls, d: dict[str, Any]) -> GraderWindow:
         w = cls()
         w.graded, w.causes, w.closed, w.dirty = d["graded"], dict(d["causes"]), d["closed"], d["dirty"]
         w.durations = ExpHistogram.from_dict(d["durations"])

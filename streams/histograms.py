@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
+from collections.abc import Callable
 
 REWARD_BOUNDS: tuple[float, ...] = (0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1, 2, 5)
 REWARD_BUCKETS = len(REWARD_BOUNDS) + 1
@@ -26,7 +27,7 @@ def _finite(x: float) -> float:
     return x
 
 
-def _either(pick: Callable[[float, float], float], a: Optional[float], b: Optional[float]) -> Optional[float]:
+def _either(pick: Callable[[float, float], float], a: float | None, b: float | None) -> float | None:
     """``pick(a, b)`` where both are set, else whichever is set (min/max of possibly empty sides)."""
     if a is None:
         return b
@@ -56,8 +57,8 @@ class RewardHistogram:
     counts: list[int] = field(default_factory=lambda: [0] * REWARD_BUCKETS)
     count: int = 0
     sum: float = 0.0
-    min: Optional[float] = None
-    max: Optional[float] = None
+    min: float | None = None
+    max: float | None = None
     zeros: int = 0
 
     def add(self, x: float) -> None:
@@ -163,8 +164,8 @@ class ExpHistogram:
     counts: list[int] = field(default_factory=list)
     count: int = 0
     sum: float = 0.0
-    min: Optional[float] = None
-    max: Optional[float] = None
+    min: float | None = None
+    max: float | None = None
     max_size: int = MAX_SIZE
 
     def __post_init__(self) -> None:

@@ -37,6 +37,7 @@ class Inputs:
         """The records of one message of topic ``short``; [] for one that does not decode. ``where``: topic[partition]@offset."""
         try:
             check_container(value, self.limits)  # bounded: nothing is decoded or inflated past a limit
+            assert value is not None  # check_container refuses a tombstone
             return self.codec.decode(value, expect=BY_SHORT[short].records, fields=FIELDS.get(short)).records
         except DecodeError as exc:
             self.skipped += 1

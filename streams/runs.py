@@ -75,7 +75,7 @@ class RunConfig:
     max_name: int = MAX_NAME  # characters of a project, run_id or term
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "RunConfig":
+    def from_settings(cls, settings: Any) -> RunConfig:
         return cls(window_s=settings.window, lateness_s=settings.allowed_lateness,
                    idle_s=max(2 * settings.allowed_lateness, 1.0),
                    stall_after_s=settings.stall_after, silent_after_s=settings.silent_after,

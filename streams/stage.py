@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Any, MutableMapping, Protocol
+from typing import Any, Protocol
+from collections.abc import MutableMapping
 
 from rlpulse.schemas.catalogue import ALERTS_TOPIC, run_key
 from rlpulse.schemas.settings import AlertThresholds

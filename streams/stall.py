@@ -27,7 +27,8 @@ and counts it in ``evicted``.
 
 from __future__ import annotations
 
-from typing import Any, MutableMapping
+from typing import Any
+from collections.abc import MutableMapping
 
 from rlpulse.streams.alerting import SEVERITY, AlertBook
 

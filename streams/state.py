@@ -54,7 +54,7 @@ class Run:
                 "terms_refused": self.terms_refused}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Run":
+    def from_dict(cls, d: dict[str, Any]) -> Run:
         run = cls(d["project"], d["run_id"], d["partition"])
         run.marks, run.seen_ns = dict(d["marks"]), d["seen_ns"]
         run.progress = {k: list(v) for k, v in d["progress"].items()}

@@ -28,7 +28,8 @@ import asyncio
 import copy
 import json
 from collections import defaultdict
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from rlpulse.schemas.catalogue import (ALERTS_TOPIC, BY_SHORT, DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS,
                                        TICKS_TOPIC, topic_key)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from aiokafka import AIOKafkaProducer

@@ -10,7 +10,7 @@ nothing else; the image's passwordless admin does not answer from outside the co
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -204,14 +204,18 @@ def test_mtls_the_sdk_and_the_sink_with_a_client_certificate_and_without(broker:
         pipeline.start(("sink",))
         pipeline.wait_caught_up(0)
         pipeline.stop()
-    with __import__("rlpulse.sinks.clickhouse", fromlist=["open_store"]).open_store(settings.clickhouse_dsn, owner="test") as store:
-        steps = store.client.query(f"SELECT type FROM {store.database}.steps FINAL WHERE run_id = 'mtls' "
-                                   "ORDER BY time_ns").result_rows
+    open_store = __import__("rlpulse.sinks.clickhouse", fromlist=["open_store"]).open_store
+    with open_store(settings.clickhouse_dsn, owner="test") as store:
+        steps = store.client.query(
+            f"SELECT type FROM {store.database}.steps FINAL WHERE run_id = 'mtls' ORDER BY time_ns"
+        ).result_rows
     assert steps == [("RUN_START",), ("STEP",), ("RUN_END",)]
 
     without = broker.settings(tmp_path, mtls=False)
-    want_cert = (f"Kafka at 127.0.0.1:{broker.ssl} closed the TLS connection during the handshake: if the listener "
-                 "demands client certificates (ssl.client.auth=required), set RLPULSE_KAFKA_SSL_CERTFILE")
+    want_cert = (
+        f"Kafka at 127.0.0.1:{broker.ssl} closed the TLS connection during the handshake: if the listener "
+        "demands client certificates (ssl.client.auth=required), set RLPULSE_KAFKA_SSL_CERTFILE"
+    )
     run, seconds = rlpulse(without, "sink")
     assert run.returncode == 1 and seconds < 30, run.stderr
     [line] = [line for line in run.stderr.splitlines() if line]
@@ -232,14 +236,21 @@ def test_bench_measures_over_sasl_ssl_and_writes_no_password(broker: SecureBroke
     run, seconds = rlpulse(settings, "bench", "--quick", "--no-profile", "--output", str(out), timeout=900)
     said = run.stdout + run.stderr
     assert run.returncode == 0, said[-4000:]
-    assert (f"rlpulse bench: measuring the broker at 127.0.0.1:{broker.sasl_ssl} over SASL_SSL as it is "
-            "(not running `services up`, which starts a local PLAINTEXT broker only)") in run.stdout
+    assert (
+        f"rlpulse bench: measuring the broker at 127.0.0.1:{broker.sasl_ssl} over SASL_SSL as it is "
+        "(not running `services up`, which starts a local PLAINTEXT broker only)"
+    ) in run.stdout
     text = (out / "latest.json").read_text()
     results = json.loads(text)
     assert results["errors"] == {}, results["errors"]
     assert (results["kafka_bootstrap"], results["kafka_security_protocol"]) == (f"127.0.0.1:{broker.sasl_ssl}", "SASL_SSL")
-    for key in ("producer_events_per_s", "producer_ceiling_events_per_s", "consumer_ceiling_events_per_s",
-                "e2e_events_per_s", "latency_events"):
+    for key in (
+        "producer_events_per_s",
+        "producer_ceiling_events_per_s",
+        "consumer_ceiling_events_per_s",
+        "e2e_events_per_s",
+        "latency_events",
+    ):
         assert results[key] > 0, key  # the SDK, ProducerPerformance, ConsumerPerformance, the drain, the live load
     assert results["e2e_exact"] is True and results["drain_complete"] is True
     assert results["e2e_latency_p50_s"] is not None
@@ -254,9 +265,11 @@ def test_bench_measures_over_sasl_ssl_and_writes_no_password(broker: SecureBroke
     assert not list(Path(tempfile.gettempdir()).glob("rlpulse-bench-client-*"))
     logs = "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
     broker.assert_no_secret(said + text + logs)
-    print(f"rlpulse bench --quick over SASL_SSL: {seconds:.0f}s, drain {results['e2e_events_per_s']:,.0f} events/s, "
-          f"ceilings producer {results['producer_ceiling_events_per_s']:,.0f} consumer "
-          f"{results['consumer_ceiling_events_per_s']:,.0f} events/s")
+    print(
+        f"rlpulse bench --quick over SASL_SSL: {seconds:.0f}s, drain {results['e2e_events_per_s']:,.0f} events/s, "
+        f"ceilings producer {results['producer_ceiling_events_per_s']:,.0f} consumer "
+        f"{results['consumer_ceiling_events_per_s']:,.0f} events/s"
+    )
 
 
 def test_bench_java_tools_over_mtls_with_the_client_certificate(broker: SecureBroker, tmp_path: Path) -> None:

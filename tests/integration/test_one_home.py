@@ -25,7 +25,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -96,15 +96,21 @@ def test_writes_are_refused_read_only_and_leave_the_data(url: str, sql: str) -> 
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "read-only" in run.stderr
     assert "readonly mode" in run.stderr or "READONLY" in run.stderr  # ClickHouse's own reason
-    assert ok(url, "SELECT count() AS n, groupArray(span_id) AS ids FROM rlpulse.spans", "--format", "csv") == 'n,ids\n2,"[""s1"",""s2""]"\n'
+    assert (
+        ok(url, "SELECT count() AS n, groupArray(span_id) AS ids FROM rlpulse.spans", "--format", "csv")
+        == 'n,ids\n2,"[""s1"",""s2""]"\n'
+    )
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT 1; DROP TABLE rlpulse.steps; SELECT 1",
-    "SELECT 1; DROP TABLE rlpulse.steps",
-    "SELECT 1 -- \n; DROP TABLE rlpulse.steps",
-    "DROP TABLE rlpulse.steps; SELECT 1",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT 1; DROP TABLE rlpulse.steps; SELECT 1",
+        "SELECT 1; DROP TABLE rlpulse.steps",
+        "SELECT 1 -- \n; DROP TABLE rlpulse.steps",
+        "DROP TABLE rlpulse.steps; SELECT 1",
+    ],
+)
 def test_more_than_one_statement_is_refused_and_the_table_stays(url: str, sql: str) -> None:
     """Issue 18, finding 10: the chDB backend ran each statement of a text on its own, readonly=1
     applied to the last only, and the DROP went through. Exactly one read-only statement runs."""
@@ -114,8 +120,9 @@ def test_more_than_one_statement_is_refused_and_the_table_stays(url: str, sql: s
     assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert run.stderr.startswith("rlpulse query: refused: "), run.stderr
     assert "exactly one read-only statement" in run.stderr or "Drop is not a read" in run.stderr
-    assert rows(url, "SELECT name FROM system.tables WHERE database = 'rlpulse' AND name IN ('spans', 'steps') "
-                     "ORDER BY name") == [{"name": "spans"}, {"name": "steps"}]
+    assert rows(
+        url, "SELECT name FROM system.tables WHERE database = 'rlpulse' AND name IN ('spans', 'steps') ORDER BY name"
+    ) == [{"name": "spans"}, {"name": "steps"}]
     assert ok(url, "SELECT 1 AS one;", "--format", "csv") == "one\n1\n"  # one statement and its ';' still run
 
 
@@ -127,15 +134,24 @@ def test_other_clickhouse_errors_are_one_line(url: str) -> None:
 
 
 def test_params_are_server_side_and_a_quote_is_not_injected(url: str) -> None:
-    seed(url, {"spans": [span("s1", None, "rollout", 0), span("s2", "s1", "generate", 1),
-                         span("s3", None, "rollout", 0, rollout="ro-2", run_id="r2")]})
+    seed(
+        url,
+        {
+            "spans": [
+                span("s1", None, "rollout", 0),
+                span("s2", "s1", "generate", 1),
+                span("s3", None, "rollout", 0, rollout="ro-2", run_id="r2"),
+            ]
+        },
+    )
     sql = "SELECT span_id, name FROM rlpulse.spans WHERE run_id = {run:String} ORDER BY span_id"
     assert ok(url, sql, "--param", "run=r1", "--format", "csv") == "span_id,name\ns1,rollout\ns2,generate\n"
     assert ok(url, sql, "--param", "run=r1' OR '1'='1", "--format", "csv") == "span_id,name\n"
     assert ok(url, sql, "--param", "run=r2' OR run_id != '", "--format", "csv") == "span_id,name\n"
     value = """it's "quoted" \\ {x:String}"""
     assert rows(url, "SELECT {v:String} AS v, {n:UInt32} + 1 AS n", "--param", f"v={value}", "--param", "n=41") == [
-        {"v": value, "n": 42}]
+        {"v": value, "n": 42}
+    ]
     bad = cli(url, "SELECT {n:UInt32} AS n", "--param", "n=1; DROP TABLE rlpulse.spans")
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert ok(url, "SELECT count() AS n FROM rlpulse.spans", "--format", "csv") == "n\n3\n"
@@ -144,24 +160,33 @@ def test_params_are_server_side_and_a_quote_is_not_injected(url: str) -> None:
 
 def test_formats_are_exact(url: str) -> None:
     seed(url, {"spans": [span("s1", None, "rollout", 0)]})
-    sql = ("SELECT 1 AS n, 0.25 AS x, 'a,b \"c\"' AS s, CAST(NULL AS Nullable(String)) AS z, [1, 2] AS arr, "
-           "toDateTime64('2024-05-06 07:08:09.5', 3, 'UTC') AS t")
-    assert ok(url, sql, "--format", "csv") == (
-        'n,x,s,z,arr,t\n1,0.25,"a,b ""c""",,"[1,2]",2024-05-06T07:08:09.500000\n')
+    sql = (
+        "SELECT 1 AS n, 0.25 AS x, 'a,b \"c\"' AS s, CAST(NULL AS Nullable(String)) AS z, [1, 2] AS arr, "
+        "toDateTime64('2024-05-06 07:08:09.5', 3, 'UTC') AS t"
+    )
+    assert ok(url, sql, "--format", "csv") == ('n,x,s,z,arr,t\n1,0.25,"a,b ""c""",,"[1,2]",2024-05-06T07:08:09.500000\n')
     assert json.loads(ok(url, sql, "--format", "json")) == [
-        {"n": 1, "x": 0.25, "s": 'a,b "c"', "z": None, "arr": [1, 2], "t": "2024-05-06T07:08:09.500000"}]
+        {"n": 1, "x": 0.25, "s": 'a,b "c"', "z": None, "arr": [1, 2], "t": "2024-05-06T07:08:09.500000"}
+    ]
     assert ok(url, sql) == (
         "n  x     s        z  arr     t\n"
         "-  ----  -------  -  ------  --------------------------\n"
-        '1  0.25  a,b "c"     [1, 2]  2024-05-06 07:08:09.500000\n')
+        '1  0.25  a,b "c"     [1, 2]  2024-05-06 07:08:09.500000\n'
+    )
     assert ok(url, "SELECT 1 AS n WHERE 0", "--format", "json") == "[]\n"
 
 
 def test_saved_queries_are_listed_and_an_unknown_name_lists_them(url: str) -> None:
     listing = ok(url, "--list")
     names = [line.split()[0] for line in listing.splitlines()]
-    assert {"stalled-runs", "failures-by-cause", "reward-percentiles", "clipped-ratio-trend",
-            "gpu-utilization-by-run", "span-tree"} <= set(names)
+    assert {
+        "stalled-runs",
+        "failures-by-cause",
+        "reward-percentiles",
+        "clipped-ratio-trend",
+        "gpu-utilization-by-run",
+        "span-tree",
+    } <= set(names)
     assert "p10/p50/p90 of the total reward" in listing
     run = cli(url, "--saved", "nope")
     assert run.returncode != 0 and "Traceback" not in run.stderr
@@ -177,20 +202,40 @@ def test_saved_queries_are_listed_and_an_unknown_name_lists_them(url: str) -> No
 
 def alert(rule: str, key: str, state: str, t: int, first: int) -> dict:
     run_id, attempt = key.split("/")
-    return {"rule": rule, "state": state, "key": key, "severity": "critical", "summary": f"{key} {state}",
-            "value": float(t - first) / S, "threshold": 900.0, "project": "p", "run_id": run_id,
-            "attempt": int(attempt), "time_ns": T0 + t, "first_seen_ns": T0 + first, "last_seen_ns": T0 + t}
+    return {
+        "rule": rule,
+        "state": state,
+        "key": key,
+        "severity": "critical",
+        "summary": f"{key} {state}",
+        "value": float(t - first) / S,
+        "threshold": 900.0,
+        "project": "p",
+        "run_id": run_id,
+        "attempt": int(attempt),
+        "time_ns": T0 + t,
+        "first_seen_ns": T0 + first,
+        "last_seen_ns": T0 + t,
+    }
 
 
 def test_stalled_runs(url: str) -> None:
     firing = alert("stalled_run", "r1/1", "FIRING", 10 * S, 10 * S)
-    seed(url, {"alerts": [
-        firing, dict(firing),  # replayed: one row twice
-        alert("stalled_run", "r2/1", "FIRING", 10 * S, 10 * S), alert("stalled_run", "r2/1", "RESOLVED", 20 * S, 10 * S),
-        alert("stalled_run", "r3/2", "FIRING", 5 * S, 5 * S), alert("stalled_run", "r3/2", "RESOLVED", 8 * S, 5 * S),
-        alert("stalled_run", "r3/2", "FIRING", 30 * S, 30 * S),  # a second episode
-        alert("silent_run", "r4/1", "FIRING", 10 * S, 10 * S),
-    ]})
+    seed(
+        url,
+        {
+            "alerts": [
+                firing,
+                dict(firing),  # replayed: one row twice
+                alert("stalled_run", "r2/1", "FIRING", 10 * S, 10 * S),
+                alert("stalled_run", "r2/1", "RESOLVED", 20 * S, 10 * S),
+                alert("stalled_run", "r3/2", "FIRING", 5 * S, 5 * S),
+                alert("stalled_run", "r3/2", "RESOLVED", 8 * S, 5 * S),
+                alert("stalled_run", "r3/2", "FIRING", 30 * S, 30 * S),  # a second episode
+                alert("silent_run", "r4/1", "FIRING", 10 * S, 10 * S),
+            ]
+        },
+    )
     got = rows(url, "--saved", "stalled-runs")
     assert [(r["run_id"], r["attempt"], r["key"], r["stalled_since"], r["summary"]) for r in got] == [
         ("r1", 1, "r1/1", iso(T0 + 10 * S), "r1/1 FIRING"),
@@ -198,29 +243,41 @@ def test_stalled_runs(url: str) -> None:
     ]
 
 
-def failure_row(run_id: str, cause: str, window: int, failures: int, graded: int, emitted: int,
-                term: str = "judge") -> dict:
-    return {"project": "p", "run_id": run_id, "attempt": 1, "term": term, "cause": cause,
-            "window_start_ns": T0 + window * 60 * S, "window_end_ns": T0 + (window + 1) * 60 * S,
-            "failures": failures, "graded": graded, "emitted_at_ns": T0 + emitted}
+def failure_row(run_id: str, cause: str, window: int, failures: int, graded: int, emitted: int, term: str = "judge") -> dict:
+    return {
+        "project": "p",
+        "run_id": run_id,
+        "attempt": 1,
+        "term": term,
+        "cause": cause,
+        "window_start_ns": T0 + window * 60 * S,
+        "window_end_ns": T0 + (window + 1) * 60 * S,
+        "failures": failures,
+        "graded": graded,
+        "emitted_at_ns": T0 + emitted,
+    }
 
 
 def test_failures_by_cause(url: str) -> None:
-    seed(url, {"grader_failures": [
-        failure_row("r1", "timeout", 0, 3, 15, 1),
-        failure_row("r1", "timeout", 0, 3, 15, 1),  # replayed duplicate
-        failure_row("r1", "timeout", 1, 9, 9, 2),  # superseded by the later emission below
-        failure_row("r1", "timeout", 1, 3, 10, 3),
-        failure_row("r1", "parse", 0, 1, 10, 1),
-        failure_row("r1", "timeout", 0, 4, 8, 1, term="format"),
-        failure_row("r2", "timeout", 1, 0, 7, 2),
-        failure_row("r1", "timeout", 5, 50, 50, 6),  # window outside [since, until)
-        failure_row("r1", "timeout", -2, 50, 50, 6),
-    ]})
+    seed(
+        url,
+        {
+            "grader_failures": [
+                failure_row("r1", "timeout", 0, 3, 15, 1),
+                failure_row("r1", "timeout", 0, 3, 15, 1),  # replayed duplicate
+                failure_row("r1", "timeout", 1, 9, 9, 2),  # superseded by the later emission below
+                failure_row("r1", "timeout", 1, 3, 10, 3),
+                failure_row("r1", "parse", 0, 1, 10, 1),
+                failure_row("r1", "timeout", 0, 4, 8, 1, term="format"),
+                failure_row("r2", "timeout", 1, 0, 7, 2),
+                failure_row("r1", "timeout", 5, 50, 50, 6),  # window outside [since, until)
+                failure_row("r1", "timeout", -2, 50, 50, 6),
+            ]
+        },
+    )
     since, until = iso(T0).replace("T", " "), iso(T0 + 5 * 60 * S).replace("T", " ")
     got = rows(url, "--saved", "failures-by-cause", "--param", f"since={since}", "--param", f"until={until}")
-    assert [(r["run_id"], r["term"], r["cause"], r["windows"], r["failures"], r["graded"], r["failure_rate"])
-            for r in got] == [
+    assert [(r["run_id"], r["term"], r["cause"], r["windows"], r["failures"], r["graded"], r["failure_rate"]) for r in got] == [
         ("r1", "format", "timeout", 1, 4, 8, 0.5),
         ("r1", "judge", "parse", 1, 1, 10, 0.1),
         ("r1", "judge", "timeout", 2, 6, 25, 0.24),
@@ -232,9 +289,21 @@ def histogram_row(step: int, rewards: list[float], emitted: int, term: str = "to
     h = RewardHistogram()
     for x in rewards:
         h.add(x)
-    return {"project": "p", "run_id": "r1", "attempt": 1, "step": step, "term": term,
-            "bounds": [float(b) for b in REWARD_BOUNDS], "bucket_counts": list(h.counts), "count": h.count,
-            "sum": h.sum, "min": h.min, "max": h.max, "zero_fraction": h.zeros / h.count, "emitted_at_ns": T0 + emitted}
+    return {
+        "project": "p",
+        "run_id": "r1",
+        "attempt": 1,
+        "step": step,
+        "term": term,
+        "bounds": [float(b) for b in REWARD_BOUNDS],
+        "bucket_counts": list(h.counts),
+        "count": h.count,
+        "sum": h.sum,
+        "min": h.min,
+        "max": h.max,
+        "zero_fraction": h.zeros / h.count,
+        "emitted_at_ns": T0 + emitted,
+    }
 
 
 def estimate(row: dict, q: float) -> float:
@@ -275,13 +344,18 @@ def test_reward_percentiles(url: str) -> None:
         3: [round(rng.betavariate(5, 2), 3) for _ in range(500)],
     }
     latest = {step: histogram_row(step, xs, emitted=10) for step, xs in rewards.items()}
-    seed(url, {"reward_histograms": [
-        *latest.values(),
-        latest[0],  # replayed duplicate
-        histogram_row(1, [5.0] * 7, emitted=5),  # an older emission of step 1: superseded
-        histogram_row(0, [0.99] * 50, emitted=10, term="judge"),  # another term
-        {**histogram_row(0, [0.5], emitted=10), "run_id": "r2"},  # another run
-    ]})
+    seed(
+        url,
+        {
+            "reward_histograms": [
+                *latest.values(),
+                latest[0],  # replayed duplicate
+                histogram_row(1, [5.0] * 7, emitted=5),  # an older emission of step 1: superseded
+                histogram_row(0, [0.99] * 50, emitted=10, term="judge"),  # another term
+                {**histogram_row(0, [0.5], emitted=10), "run_id": "r2"},  # another run
+            ]
+        },
+    )
     got = rows(url, "--saved", "reward-percentiles", "--param", "run_id=r1", "--param", "attempt=1")
     assert [r["step"] for r in got] == [0, 1, 2, 3]
     for r in got:
@@ -296,39 +370,79 @@ def test_reward_percentiles(url: str) -> None:
 
 
 def step_stats_row(step: int, rollouts: int, clipped: int, emitted: int, run_id: str = "r1") -> dict:
-    return {"project": "p", "run_id": run_id, "attempt": 1, "step": step, "rollouts": rollouts, "clipped": clipped,
-            "clipped_ratio": clipped / rollouts, "emitted_at_ns": T0 + emitted}
+    return {
+        "project": "p",
+        "run_id": run_id,
+        "attempt": 1,
+        "step": step,
+        "rollouts": rollouts,
+        "clipped": clipped,
+        "clipped_ratio": clipped / rollouts,
+        "emitted_at_ns": T0 + emitted,
+    }
 
 
 def test_clipped_ratio_trend(url: str) -> None:
-    seed(url, {"step_stats": [
-        step_stats_row(0, 20, 2, 1),
-        step_stats_row(1, 8, 7, 1),  # superseded by the later emission of step 1
-        step_stats_row(1, 20, 5, 2), step_stats_row(1, 20, 5, 2),  # and replayed
-        step_stats_row(2, 20, 4, 3),
-        step_stats_row(3, 20, 10, 4),
-        step_stats_row(0, 20, 20, 1, run_id="r2"),
-    ]})
+    seed(
+        url,
+        {
+            "step_stats": [
+                step_stats_row(0, 20, 2, 1),
+                step_stats_row(1, 8, 7, 1),  # superseded by the later emission of step 1
+                step_stats_row(1, 20, 5, 2),
+                step_stats_row(1, 20, 5, 2),  # and replayed
+                step_stats_row(2, 20, 4, 3),
+                step_stats_row(3, 20, 10, 4),
+                step_stats_row(0, 20, 20, 1, run_id="r2"),
+            ]
+        },
+    )
     out = ok(url, "--saved", "clipped-ratio-trend", "--param", "run_id=r1", "--param", "attempt=1", "--format", "csv")
-    assert out == ("step,rollouts,clipped,clipped_ratio,change\n"
-                   "0,20,2,0.1,\n"
-                   "1,20,5,0.25,0.15\n"
-                   "2,20,4,0.2,-0.05\n"
-                   "3,20,10,0.5,0.3\n")
+    assert out == (
+        "step,rollouts,clipped,clipped_ratio,change\n0,20,2,0.1,\n1,20,5,0.25,0.15\n2,20,4,0.2,-0.05\n3,20,10,0.5,0.3\n"
+    )
 
 
 def placement(run_id: str, hw_id: str, role: str, rank: int, t: int, index: int = 0, host: str = "h1") -> dict:
-    return {"project": "p", "run_id": run_id, "attempt": 1, "stage": "train", "time_ns": T0 + t * S, "role": role,
-            "rank": rank, "pod": f"{run_id}-{role}-{rank}", "node": host, "host": host, "index": index, "hw_id": hw_id}
+    return {
+        "project": "p",
+        "run_id": run_id,
+        "attempt": 1,
+        "stage": "train",
+        "time_ns": T0 + t * S,
+        "role": role,
+        "rank": rank,
+        "pod": f"{run_id}-{role}-{rank}",
+        "node": host,
+        "host": host,
+        "index": index,
+        "hw_id": hw_id,
+    }
 
 
 def gpu_sample(hw_id: str, t: int, utilization: float, power: float, index: int = 0, host: str = "h1") -> dict:
     # run_id is left empty on purpose: the query must find the run through placements.
-    return {"project": "p", "run_id": "", "attempt": 0, "time_ns": T0 + t * S, "hw_id": hw_id, "index": index,
-            "host": host, "node": host, "pod": "", "power_w": power, "temperature_c": 50.0,
-            "gpu_utilization": utilization, "memory_used_bytes": 0, "memory_total_bytes": 0,
-            "memory_utilization": 0.0, "memory_activity": 0.0, "sm_clock_mhz": 0.0, "throttle_reasons": 0,
-            "xid_errors": 0}
+    return {
+        "project": "p",
+        "run_id": "",
+        "attempt": 0,
+        "time_ns": T0 + t * S,
+        "hw_id": hw_id,
+        "index": index,
+        "host": host,
+        "node": host,
+        "pod": "",
+        "power_w": power,
+        "temperature_c": 50.0,
+        "gpu_utilization": utilization,
+        "memory_used_bytes": 0,
+        "memory_total_bytes": 0,
+        "memory_utilization": 0.0,
+        "memory_activity": 0.0,
+        "sm_clock_mhz": 0.0,
+        "throttle_reasons": 0,
+        "xid_errors": 0,
+    }
 
 
 def test_gpu_utilization_by_run(url: str) -> None:
@@ -354,8 +468,19 @@ def test_gpu_utilization_by_run(url: str) -> None:
 
     def summary(run_id: str) -> list[tuple]:
         got = rows(url, "--saved", "gpu-utilization-by-run", "--param", f"run_id={run_id}")
-        return [(r["hw_id"], r["role"], r["rank"], r["samples"], r["mean_gpu_utilization"], r["mean_power_w"],
-                 r["held_from"], r["held_to"]) for r in got]
+        return [
+            (
+                r["hw_id"],
+                r["role"],
+                r["rank"],
+                r["samples"],
+                r["mean_gpu_utilization"],
+                r["mean_power_w"],
+                r["held_from"],
+                r["held_to"],
+            )
+            for r in got
+        ]
 
     # GPU-a: samples 0..300 s = 11 (t//30 even -> 80: 0,60,...,300 = 6; odd -> 90: 5); mean (6*80+5*90)/11
     # GPU-m for A: [0, 150 s): 0,30,60,90,120 = 5 samples at 50 (duplicates counted once)
@@ -379,12 +504,17 @@ def test_span_tree(url: str) -> None:
         span("http", "judge", "http_post", 4),
         span("orphan", "step-7", "reward", 5),  # parent outside the rollout: a root of its own
     ]
-    seed(url, {"spans": [
-        *tree,
-        span("judge", "grade", "judge_call", 3),  # replayed duplicate
-        span("other", None, "rollout", 0, rollout="ro-2"),
-        span("gen2", "other", "generate", 1, rollout="ro-2"),
-    ]})
+    seed(
+        url,
+        {
+            "spans": [
+                *tree,
+                span("judge", "grade", "judge_call", 3),  # replayed duplicate
+                span("other", None, "rollout", 0, rollout="ro-2"),
+                span("gen2", "other", "generate", 1, rollout="ro-2"),
+            ]
+        },
+    )
     got = rows(url, "--saved", "span-tree", "--param", "run_id=r1", "--param", "attempt=1", "--param", "rollout_id=ro-1")
     assert [(r["sequence_id"], r["depth"], r["name"], r["span_id"], r["parent_span_id"]) for r in got] == [
         (0, 0, "rollout", "root", None),

@@ -17,7 +17,8 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -87,19 +88,22 @@ def test_an_interpreter_exiting_with_its_telemetry_open_delivers_the_buffer(sett
     assert [r["sequence_id"] for r in spans] == list(range(1, n + 1))  # exactly N, each once, in order
     assert [r["rollout_id"] for r in spans[:2]] == ["r0", "r1"]
     assert [r["type"] for r in steps] == ["RUN_START"]  # no RUN_END: the SDK cannot tell an ending job from a dying one
-    delivered = re.search(r"INFO rlpulse\.producers\.process: rlpulse: delivered the (\d+) telemetry events buffered at exit", log)
+    delivered = re.search(
+        r"INFO rlpulse\.producers\.process: rlpulse: delivered the (\d+) telemetry events buffered at exit", log
+    )
     assert delivered and 0 < int(delivered.group(1)) <= n + 1, log
     assert "not delivered" not in log
 
 
-def test_an_interpreter_exiting_while_the_broker_is_unreachable_gives_up_in_bounded_time_and_says_so(
-        settings: Settings) -> None:
+def test_an_interpreter_exiting_while_the_broker_is_unreachable_gives_up_in_bounded_time_and_says_so(settings: Settings) -> None:
     n = 200
     _, log, elapsed = run_exiting_job(settings, n, exit_timeout=2.0, RLPULSE_KAFKA_BOOTSTRAP="127.0.0.1:9")
     print(f"exit with no broker: process lived {elapsed:.2f} s")
     assert elapsed < 2.0 + 8.0  # the bound, plus the interpreter's start and the producer's stop
-    assert (f"WARNING rlpulse.producers.process: rlpulse: {n + 1} of {n + 1} telemetry events buffered at exit were not "
-            f"delivered within 2 s") in log, log
+    assert (
+        f"WARNING rlpulse.producers.process: rlpulse: {n + 1} of {n + 1} telemetry events buffered at exit were not "
+        f"delivered within 2 s"
+    ) in log, log
 
 
 # -- fork --------------------------------------------------------------------------------------
@@ -172,12 +176,18 @@ def test_forked_workers_publish_as_their_own_writers_and_everything_arrives(sett
     elapsed = time.monotonic() - started
     span_ids, step_ids = by_writer(spans), by_writer(steps)
     writers = [tel.writer_id, forked, *worker_ids]
-    print(f"fork: {len(spans)} spans from {len(span_ids)} writers in {elapsed:.2f} s: "
-          + ", ".join(f"{w}: {len(span_ids.get(w, []))}" for w in writers))
+    print(
+        f"fork: {len(spans)} spans from {len(span_ids)} writers in {elapsed:.2f} s: "
+        + ", ".join(f"{w}: {len(span_ids.get(w, []))}" for w in writers)
+    )
     assert len(set(writers)) == 4  # each child a writer of its own
     assert set(span_ids) == set(writers)
-    expected = {tel.writer_id: parent_before + parent_after, forked: per_worker,
-                worker_ids[0]: 2 * per_worker, worker_ids[1]: 2 * per_worker}
+    expected = {
+        tel.writer_id: parent_before + parent_after,
+        forked: per_worker,
+        worker_ids[0]: 2 * per_worker,
+        worker_ids[1]: 2 * per_worker,
+    }
     for w, n in expected.items():  # every event once, numbered 1..n per writer, in order
         assert span_ids[w] == list(range(1, n + 1)), (w, len(span_ids[w]))
     # only the parent ran the run: RUN_START, its steps and RUN_END naming its own last span
@@ -202,6 +212,7 @@ def test_a_fork_while_another_thread_holds_the_queue_lock_does_not_deadlock_the_
         holder.start()
         assert taken.wait(10)
         try:
+
             def child() -> list[Any]:
                 began = time.monotonic()
                 for i in range(100):
@@ -224,8 +235,9 @@ def test_a_fork_while_another_thread_holds_the_queue_lock_does_not_deadlock_the_
 def test_many_threads_at_once_every_event_arrives_once_with_unique_sequence_ids(settings: Settings) -> None:
     threads, per_thread = 8, 1500
     started = time.monotonic()
-    with TrainingTelemetry(project="p", run_id="threads", settings=settings,
-                           sender_config=SenderConfig(batch_records=500)) as tel:
+    with TrainingTelemetry(
+        project="p", run_id="threads", settings=settings, sender_config=SenderConfig(batch_records=500)
+    ) as tel:
         go = threading.Barrier(threads)
 
         def work(t: int) -> None:
@@ -253,8 +265,7 @@ def test_many_threads_at_once_every_event_arrives_once_with_unique_sequence_ids(
 
 
 # -- OpenTelemetry spans exported after the telemetry closed -------------------------------------
-def test_spans_a_batch_processor_exports_after_the_block_are_delivered_and_bad_ones_counted(
-        settings: Settings) -> None:
+def test_spans_a_batch_processor_exports_after_the_block_are_delivered_and_bad_ones_counted(settings: Settings) -> None:
     provider = TracerProvider(shutdown_on_exit=False)
     with TrainingTelemetry(project="p", run_id="late", settings=settings) as tel:
         exporter = tel.span_exporter()
@@ -311,11 +322,16 @@ print(tel.writer_id, flush=True)
 """
 
 
-def test_spans_the_tracer_provider_exports_at_interpreter_exit_after_the_block_are_delivered(
-        settings: Settings) -> None:
+def test_spans_the_tracer_provider_exports_at_interpreter_exit_after_the_block_are_delivered(settings: Settings) -> None:
     n = 40
-    done = subprocess.run([sys.executable, "-c", TRACED_JOB, str(n)], cwd=ROOT, env=child_env(settings),
-                          capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    done = subprocess.run(
+        [sys.executable, "-c", TRACED_JOB, str(n)],
+        cwd=ROOT,
+        env=child_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+    )
     assert done.returncode == 0, done.stderr
     spans, steps = records(settings, "spans"), records(settings, "steps")
     assert {r["writer_id"] for r in spans + steps} == {done.stdout.strip()}

@@ -203,9 +203,15 @@ def test_garbage_and_the_wrong_record_type_are_dead_lettered_and_neighbours_land
     good = CODEC.encode("Span", [span(i) for i in range(1, 4)])
     truncated = good[:-20]
     corrupt_sync = good[:-1] + bytes([good[-1] ^ 0xFF])
-    messages = [("spans", good), ("spans", b"\x00\x01 this is not Avro, just some bytes of garbage"), ("spans", CODEC.encode("Step", [step(1)])),
-                ("spans", truncated), ("spans", corrupt_sync), ("spans", CODEC.encode("Span", [span(4)])),
-                ("steps", CODEC.encode("Step", [step(1)]))]
+    messages = [
+        ("spans", good),
+        ("spans", b"\x00\x01 this is not Avro, just some bytes of garbage"),
+        ("spans", CODEC.encode("Step", [step(1)])),
+        ("spans", truncated),
+        ("spans", corrupt_sync),
+        ("spans", CODEC.encode("Span", [span(4)])),
+        ("steps", CODEC.encode("Step", [step(1)])),
+    ]
     publish(settings, messages)
     stats = run_sink(settings)
     assert stats.dead_letters == 4 and stats.rows == {"spans": 4, "steps": 1}
@@ -229,10 +235,18 @@ def test_truncated_and_oversize_containers_are_dead_lettered_and_neighbours_land
     good = [CODEC.encode("Span", [span(10 * m + i) for i in range(10)]) for m in range(4)]  # 40 spans
     too_many = CODEC.encode("Span", [span(1000 + i) for i in range(51)])
     too_big = CODEC.encode("Step", [step(900, stage="x" * 70_000)])
-    messages = [("spans", good[0]), ("spans", good[1][:40]), ("spans", too_many), ("spans", good[1]),
-                ("steps", CODEC.encode("Step", [step(i) for i in range(5)])), ("steps", too_big),
-                ("spans", good[2][:-20]), ("spans", good[2]), ("steps", CODEC.encode("Step", [step(5)])),
-                ("spans", good[3])]
+    messages = [
+        ("spans", good[0]),
+        ("spans", good[1][:40]),
+        ("spans", too_many),
+        ("spans", good[1]),
+        ("steps", CODEC.encode("Step", [step(i) for i in range(5)])),
+        ("steps", too_big),
+        ("spans", good[2][:-20]),
+        ("spans", good[2]),
+        ("steps", CODEC.encode("Step", [step(5)])),
+        ("spans", good[3]),
+    ]
     publish(settings, messages)
     stats = run_sink(settings, limits=Limits(max_message_records=50, max_message_bytes=64 * 1024))
     assert stats.dead_letters == 4 and stats.rows == {"spans": 40, "steps": 6}
@@ -256,8 +270,14 @@ def test_a_deflate_bomb_over_the_default_limit_is_dead_lettered_and_neighbours_l
     schema = load_schemas()["rlpulse.v1.Step"]
     bomb = encode_with(schema, [step(7, stage="\0" * (17 * 1024 * 1024))], codec="deflate")
     assert len(bomb) < 100_000
-    publish(settings, [("steps", encode_with(schema, [step(i) for i in range(3)], codec="deflate")), ("steps", bomb),
-                       ("steps", CODEC.encode("Step", [step(3)]))])
+    publish(
+        settings,
+        [
+            ("steps", encode_with(schema, [step(i) for i in range(3)], codec="deflate")),
+            ("steps", bomb),
+            ("steps", CODEC.encode("Step", [step(3)])),
+        ],
+    )
     stats = run_sink(settings)
     assert stats.dead_letters == 1 and stats.rows == {"steps": 4}
     [letter] = asyncio.run(read_dead_letters(settings.kafka_client_kwargs(), settings.topic("dlq")))
@@ -316,4 +336,3 @@ def test_a_retried_insert_carries_the_same_token_and_adds_no_copy(settings: Sett
         asyncio.run(writer.write(entries))
         asyncio.run(writer.write(entries))
         assert store.client.query(f"SELECT count() FROM {store.database}.steps").result_rows[0][0] == 3
-

@@ -126,16 +126,45 @@ def workload() -> list[tuple[str, bytes]]:
                                                                        clipped_ratio=s / 4)])))
         messages.append(("reward-histograms", CODEC.encode("RewardHistogram", [dict(
             data["RewardHistogram"][0], step=s, bucket_counts=[s, 2, 1, 0], count=s + 3)])))
-        messages.append(("spans", CODEC.encode("Span", [span(10 * s + i, parent_span_id=(10 * s).to_bytes(8, "big") if i else None)
-                                                        for i in range(3)])))
+        messages.append(
+            (
+                "spans",
+                CODEC.encode(
+                    "Span", [span(10 * s + i, parent_span_id=(10 * s).to_bytes(8, "big") if i else None) for i in range(3)]
+                ),
+            )
+        )
         messages.append(("steps", CODEC.encode("Step", [step(100 + s)])))
     for minute in range(3):
-        messages.append(("grader-failures", CODEC.encode("GraderFailureWindow", [
-            ident(term="judge", cause=cause, window_start_ns=NOW - (minute + 2) * 60 * 10**9,
-                  window_end_ns=NOW - (minute + 1) * 60 * 10**9, failures=minute + 1, graded=10, emitted_at_ns=NOW)
-            for cause in ("timeout", "unreadable")])))
-        messages.append(("hardware", CODEC.encode("GpuSample", [dict(data["GpuSample"][0], time_ns=NOW + (minute + 1) * 10**9,
-                                                                     gpu_utilization=0.5 + minute / 10)])))
+        messages.append(
+            (
+                "grader-failures",
+                CODEC.encode(
+                    "GraderFailureWindow",
+                    [
+                        ident(
+                            term="judge",
+                            cause=cause,
+                            window_start_ns=NOW - (minute + 2) * 60 * 10**9,
+                            window_end_ns=NOW - (minute + 1) * 60 * 10**9,
+                            failures=minute + 1,
+                            graded=10,
+                            emitted_at_ns=NOW,
+                        )
+                        for cause in ("timeout", "unreadable")
+                    ],
+                ),
+            )
+        )
+        messages.append(
+            (
+                "hardware",
+                CODEC.encode(
+                    "GpuSample",
+                    [dict(data["GpuSample"][0], time_ns=NOW + (minute + 1) * 10**9, gpu_utilization=0.5 + minute / 10)],
+                ),
+            )
+        )
     return messages
 
 
@@ -143,8 +172,13 @@ def saved_answers(settings: Settings) -> dict:
     answers = {}
     for name, params in SAVED.items():
         args = [a for p in params for a in ("--param", p)]
-        run = subprocess.run([sys.executable, "-m", "rlpulse.cli", "query", "--saved", name, "--format", "json", *args],
-                             env=settings_env(settings), capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [sys.executable, "-m", "rlpulse.cli", "query", "--saved", name, "--format", "json", *args],
+            env=settings_env(settings),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stderr
         answers[name] = json.loads(run.stdout)
     return answers
@@ -195,7 +229,10 @@ def test_sigkill_mid_checkpoint_and_a_replay_lose_and_double_nothing(settings: S
     assert len(first["reward-percentiles"]) == 3 and len(first["clipped-ratio-trend"]) == 3
     assert len(first["gpu-utilization-by-run"]) == 1 and len(first["span-tree"]) == 11
     assert [row["key"] for row in first["stalled-runs"]] == [f"{RUN}/1"]
-    assert {(r["cause"], r["failures"], r["graded"]) for r in first["failures-by-cause"]} >= {("timeout", 9, 40), ("unreadable", 6, 30)}
+    assert {(r["cause"], r["failures"], r["graded"]) for r in first["failures-by-cause"]} >= {
+        ("timeout", 9, 40),
+        ("unreadable", 6, 30),
+    }
 
     rewind_sink()  # every offset again, and again killed in the middle of the checkpoint
     killed_mid_checkpoint_then_restarted(settings, log, expected, fresh=False)

@@ -54,14 +54,19 @@ def test_a_second_process_is_told_who_holds_the_chdb_store(tmp_path: Path) -> No
     url = f"chdb://{tmp_path / 'ch'}"
     with open_store(url, owner="rlpulse sink"):
         env = dict(os.environ, RLPULSE_CLICKHOUSE_URL=url, PYTHONPATH=str(REPO))
-        run = subprocess.run([sys.executable, "-m", "rlpulse.cli", "migrate"], env=env, capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [sys.executable, "-m", "rlpulse.cli", "migrate"], env=env, capture_output=True, text=True, timeout=120
+        )
     assert run.returncode == 1
     assert f"is open in pid {os.getpid()} (rlpulse sink)" in run.stderr
     assert "chDB allows one process per store" in run.stderr
     # once released, the other process gets it
     run = subprocess.run([sys.executable, "-m", "rlpulse.cli", "migrate"], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "database rlpulse: applied 001_init, 002_step_figures, 003_grader_windows, 004_writer_ids_and_grader_failures" in run.stdout
+    assert (
+        "database rlpulse: applied 001_init, 002_step_figures, 003_grader_windows, 004_writer_ids_and_grader_failures"
+        in run.stdout
+    )
 
 
 def test_clickhouse_password_never_appears_in_errors() -> None:
@@ -93,15 +98,24 @@ def test_005_puts_the_gpu_in_the_placements_key_and_keeps_every_row(tmp_path: Pa
         def rows(run_id: str, t: int, gpus: list[tuple[int | None, str | None]], rank: int = 0) -> list[list]:
             return [["p", run_id, 1, "train", t, "trainer", rank, "pod", "n1", "h1", i, hw] for i, hw in gpus]
 
-        old = (rows("r1", now, [(0, "GPU-a")]) + rows("r1", now + 15, [(0, "GPU-a")]) + rows("r1", now, [(1, "GPU-b")], rank=1)
-               + rows("r2", now, [(None, None)]) + rows("r3", now, [(0, None)], rank=2))
+        old = (
+            rows("r1", now, [(0, "GPU-a")])
+            + rows("r1", now + 15, [(0, "GPU-a")])
+            + rows("r1", now, [(1, "GPU-b")], rank=1)
+            + rows("r2", now, [(None, None)])
+            + rows("r3", now, [(0, None)], rank=2)
+        )
         for row in old:  # one insert each: separate parts, as the sink's batches leave them
             store.client.insert(f"{db}.placements", [row], column_names=cols)
         # two GPUs of one process at one time, not merged yet (a merge under the old key keeps one:
         # what it already dropped no migration brings back, so merges wait here)
         store.client.command(f"SYSTEM STOP MERGES {db}.placements")
-        store.client.insert(f"{db}.placements", rows("r4", now, [(0, "GPU-c"), (1, "GPU-d")]), column_names=cols,
-                            settings={"optimize_on_insert": 0})
+        store.client.insert(
+            f"{db}.placements",
+            rows("r4", now, [(0, "GPU-c"), (1, "GPU-d")]),
+            column_names=cols,
+            settings={"optimize_on_insert": 0},
+        )
         select = f"SELECT run_id, time_ns, rank, `index`, hw_id FROM {db}.placements ORDER BY run_id, time_ns, rank, hw_id"
         before = q(select).result_rows
         assert len(before) == 7
@@ -116,5 +130,6 @@ def test_005_puts_the_gpu_in_the_placements_key_and_keeps_every_row(tmp_path: Pa
         store.client.insert(f"{db}.placements", rows("r5", now, [(i, f"GPU-{i}") for i in range(4)]), column_names=cols)
         store.client.command(f"OPTIMIZE TABLE {db}.placements FINAL")
         assert q(f"SELECT hw_id FROM {db}.placements FINAL WHERE run_id = 'r5' ORDER BY hw_id").result_rows == [
-            (f"GPU-{i}",) for i in range(4)]
+            (f"GPU-{i}",) for i in range(4)
+        ]
         assert "placements_v5" not in {r[0] for r in q(f"SHOW TABLES FROM {db}").result_rows}

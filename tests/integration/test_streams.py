@@ -160,25 +160,34 @@ def read_figures(settings: Settings) -> dict:
         db, q = store.database, store.client.query
         return {
             "step_stats": [
-                (r[0], r[1], r[2], r[3], r[4], round(r[5], 9), r[6], r[7]) for r in q(
+                (r[0], r[1], r[2], r[3], r[4], round(r[5], 9), r[6], r[7])
+                for r in q(
                     f"SELECT run_id, step, rollouts, clipped, clipped_ratio, reward_mean, reward_zero_fraction, samples "
-                    f"FROM {db}.step_stats FINAL WHERE run_id != 'dies' ORDER BY run_id, step").result_rows
+                    f"FROM {db}.step_stats FINAL WHERE run_id != 'dies' ORDER BY run_id, step"
+                ).result_rows
             ],
-            "same_reward": q(f"SELECT step, samples_same_reward FROM {db}.step_stats FINAL WHERE run_id = 'good' ORDER BY step").result_rows,
+            "same_reward": q(
+                f"SELECT step, samples_same_reward FROM {db}.step_stats FINAL WHERE run_id = 'good' ORDER BY step"
+            ).result_rows,
             "total_buckets": {
-                step: list(counts) for step, counts in q(
-                    f"SELECT step, bucket_counts FROM {db}.reward_histograms FINAL WHERE run_id = 'good' AND term = 'total'").result_rows
+                step: list(counts)
+                for step, counts in q(
+                    f"SELECT step, bucket_counts FROM {db}.reward_histograms FINAL WHERE run_id = 'good' AND term = 'total'"
+                ).result_rows
             },
             "terms": q(f"SELECT DISTINCT term FROM {db}.reward_histograms FINAL WHERE run_id = 'good' ORDER BY term").result_rows,
             "lengths": q(
                 f"SELECT step, count, zero_count, arraySum(bucket_counts), min, max FROM {db}.completion_length_histograms "
-                f"FINAL WHERE run_id = 'good' ORDER BY step").result_rows,
+                f"FINAL WHERE run_id = 'good' ORDER BY step"
+            ).result_rows,
             "failures": q(
                 f"SELECT run_id, term, cause, sum(failures), sum(graded) FROM {db}.grader_failures FINAL "
-                f"WHERE failures > 0 GROUP BY run_id, term, cause ORDER BY run_id, term, cause").result_rows,
+                f"WHERE failures > 0 GROUP BY run_id, term, cause ORDER BY run_id, term, cause"
+            ).result_rows,
             "grader_windows": q(
                 f"SELECT run_id, term, sum(graded), sum(failures), min(duration_p50_s), max(duration_max_s) "
-                f"FROM {db}.grader_windows FINAL WHERE run_id != 'dies' GROUP BY run_id, term ORDER BY run_id, term").result_rows,
+                f"FROM {db}.grader_windows FINAL WHERE run_id != 'dies' GROUP BY run_id, term ORDER BY run_id, term"
+            ).result_rows,
             "alerts": q(f"SELECT rule, key, state FROM {db}.alerts FINAL ORDER BY rule, key, state").result_rows,
         }
 
@@ -190,8 +199,13 @@ def check_figures(figures: dict) -> None:
     assert figures["same_reward"] == [(0, 1), (1, 0), (2, 0), (3, 1), (4, 1)]
     assert figures["total_buckets"] == expected_total_buckets()
     assert figures["terms"] == [("judge",), ("total",)]
-    assert figures["lengths"] == [(0, 4, 0, 4, 100.0, 400.0), (1, 4, 0, 4, 200.0, 1000.0), (2, 4, 0, 4, 300.0, 1000.0),
-                                  (3, 4, 0, 4, 200.0, 1000.0), (4, 4, 0, 4, 100.0, 400.0)]
+    assert figures["lengths"] == [
+        (0, 4, 0, 4, 100.0, 400.0),
+        (1, 4, 0, 4, 200.0, 1000.0),
+        (2, 4, 0, 4, 300.0, 1000.0),
+        (3, 4, 0, 4, 200.0, 1000.0),
+        (4, 4, 0, 4, 100.0, 400.0),
+    ]
     assert figures["failures"] == [("stalls", "judge", "timeout", 6, 6)]
     # every grader call of a run took the same time, so the percentile estimates are exact
     assert figures["grader_windows"] == [("good", "judge", 20, 0, 0.2, 0.2), ("stalls", "judge", 6, 6, 30.0, 30.0)]
@@ -200,13 +214,16 @@ def check_figures(figures: dict) -> None:
 def figures_in(settings: Settings, alerts: int):
     """What the tests wait for: as many rows as check_figures expects, and ``alerts`` alert rows
     (the good and stalls runs end with RUN_END, so their steps and windows close at once)."""
-    return until.counts(settings, {
-        "alerts": alerts,
-        "SELECT count() FROM $db.step_stats FINAL WHERE run_id != 'dies'": len(expected_step_stats()),
-        "SELECT count() FROM $db.reward_histograms FINAL WHERE run_id = 'good'": 2 * len(GOOD_STEPS),
-        "SELECT count() FROM $db.completion_length_histograms FINAL WHERE run_id = 'good'": len(GOOD_STEPS),
-        "SELECT sum(graded) FROM $db.grader_windows FINAL WHERE run_id != 'dies'": 26,
-    })
+    return until.counts(
+        settings,
+        {
+            "alerts": alerts,
+            "SELECT count() FROM $db.step_stats FINAL WHERE run_id != 'dies'": len(expected_step_stats()),
+            "SELECT count() FROM $db.reward_histograms FINAL WHERE run_id = 'good'": 2 * len(GOOD_STEPS),
+            "SELECT count() FROM $db.completion_length_histograms FINAL WHERE run_id = 'good'": len(GOOD_STEPS),
+            "SELECT sum(graded) FROM $db.grader_windows FINAL WHERE run_id != 'dies'": 26,
+        },
+    )
 
 
 def test_every_figure_and_alert_equals_the_ground_truth(settings: Settings) -> None:
@@ -226,13 +243,17 @@ def test_every_figure_and_alert_equals_the_ground_truth(settings: Settings) -> N
     figures = read_figures(settings)
     check_figures(figures)
     assert figures["alerts"] == [
-        ("clipped_ratio_rising", "st/good/1", "FIRING"), ("clipped_ratio_rising", "st/good/1", "RESOLVED"),
+        ("clipped_ratio_rising", "st/good/1", "FIRING"),
+        ("clipped_ratio_rising", "st/good/1", "RESOLVED"),
         ("grader_failure_rate", "st/stalls/1/judge", "FIRING"),
-        ("hw_slowdown", "GPU-aaaa", "FIRING"), ("hw_slowdown", "GPU-aaaa", "RESOLVED"),
-        ("reward_collapse", "st/good/1", "FIRING"), ("reward_collapse", "st/good/1", "RESOLVED"),
+        ("hw_slowdown", "GPU-aaaa", "FIRING"),
+        ("hw_slowdown", "GPU-aaaa", "RESOLVED"),
+        ("reward_collapse", "st/good/1", "FIRING"),
+        ("reward_collapse", "st/good/1", "RESOLVED"),
         ("reward_collapse", "st/stalls/1", "FIRING"),  # its judge always fails: every reward is 0
         ("silent_run", "st/dies/1", "FIRING"),
-        ("stalled_run", "st/stalls/1", "FIRING"), ("stalled_run", "st/stalls/1", "RESOLVED"),
+        ("stalled_run", "st/stalls/1", "FIRING"),
+        ("stalled_run", "st/stalls/1", "RESOLVED"),
         ("xid", "GPU-aaaa", "FIRING"),
     ]
 
@@ -284,10 +305,13 @@ def test_figures_and_alerts_survive_a_sigkill_of_the_streams_worker_mid_window(s
     figures = read_figures(settings)
     check_figures(figures)
     assert figures["alerts"] == [  # one row per (rule, key, first_seen_ns, state): a duplicate episode shows
-        ("clipped_ratio_rising", "st/good/1", "FIRING"), ("clipped_ratio_rising", "st/good/1", "RESOLVED"),
+        ("clipped_ratio_rising", "st/good/1", "FIRING"),
+        ("clipped_ratio_rising", "st/good/1", "RESOLVED"),
         ("grader_failure_rate", "st/stalls/1/judge", "FIRING"),
-        ("hw_slowdown", "GPU-aaaa", "FIRING"), ("hw_slowdown", "GPU-aaaa", "RESOLVED"),
-        ("reward_collapse", "st/good/1", "FIRING"), ("reward_collapse", "st/good/1", "RESOLVED"),
+        ("hw_slowdown", "GPU-aaaa", "FIRING"),
+        ("hw_slowdown", "GPU-aaaa", "RESOLVED"),
+        ("reward_collapse", "st/good/1", "FIRING"),
+        ("reward_collapse", "st/good/1", "RESOLVED"),
         ("reward_collapse", "st/stalls/1", "FIRING"),
         ("xid", "GPU-aaaa", "FIRING"),
     ]
@@ -301,6 +325,7 @@ async def publish_evolved(settings: Settings) -> dict[str, int]:
     schema; ``older`` (no writer_id or sequence ids) reports the same way; ``current`` starts and
     says nothing more. All three then die without RUN_END. Returns when each last reported.
     """
+
     def evolved(name: str, enums: dict[str, list[str]] | None = None, added: tuple = (), removed: tuple = ()) -> dict:
         raw = copy.deepcopy(load_schemas()[f"rlpulse.v1.{name}"])
         for f in raw["fields"]:
@@ -320,8 +345,22 @@ async def publish_evolved(settings: Settings) -> dict[str, int]:
         return buf.getvalue()
 
     def step(run: str, type_: str, count: int, seq: int, **extra) -> dict:
-        return {**dict(project="st", run_id=run, attempt=1, stage="", time_ns=time.time_ns(), type=type_, trainer="dpo",
-                       step=-1, step_count=count, writer_id="w", sequence_id=seq), **extra}
+        return {
+            **dict(
+                project="st",
+                run_id=run,
+                attempt=1,
+                stage="",
+                time_ns=time.time_ns(),
+                type=type_,
+                trainer="dpo",
+                step=-1,
+                step_count=count,
+                writer_id="w",
+                sequence_id=seq,
+            ),
+            **extra,
+        }
 
     codec, last = Codec(), {}
     producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
@@ -329,26 +368,59 @@ async def publish_evolved(settings: Settings) -> dict[str, int]:
     steps, spans = settings.topic("steps"), settings.topic("spans")
     try:
         last["current"] = time.time_ns()  # before the send: the streams cannot apply it earlier
-        await producer.send_and_wait(steps, key=b"st/current", value=codec.encode("Step", [step("current", "RUN_START", 0, 1, trainer="rl")]))
+        await producer.send_and_wait(
+            steps, key=b"st/current", value=codec.encode("Step", [step("current", "RUN_START", 0, 1, trainer="rl")])
+        )
         for i in range(11):
             kind = "CHECKPOINT" if i % 2 else "HEARTBEAT"
             last["newer"] = time.time_ns()
-            await producer.send_and_wait(steps, key=b"st/newer", value=container(newer_step, [step("newer", kind, i // 4, 2 * i + 1, loss=0.1)]))
-            old = {k: v for k, v in step("older", "HEARTBEAT", i // 4, 0, trainer="sft").items() if k not in ("writer_id", "sequence_id")}
+            await producer.send_and_wait(
+                steps, key=b"st/newer", value=container(newer_step, [step("newer", kind, i // 4, 2 * i + 1, loss=0.1)])
+            )
+            old = {
+                k: v
+                for k, v in step("older", "HEARTBEAT", i // 4, 0, trainer="sft").items()
+                if k not in ("writer_id", "sequence_id")
+            }
             last["older"] = time.time_ns()
             await producer.send_and_wait(steps, key=b"st/older", value=container(older_step, [old]))
             if i == 3:
                 t = time.time_ns()
-                rollouts = [{**dict(project="st", run_id="newer", attempt=1, stage="", time_ns=t, trace_id=b"t" * 16,
-                                    span_id=b"s" * 8, name="rollout", kind=kind, start_time_ns=t, end_time_ns=t, status="OK",
-                                    sequence_id=n + 1, writer_id="w", step=0, model="m"), **extra}
-                            for n, (kind, extra) in enumerate([("ROLLOUT", dict(reward=0.5, clipped=True)),
-                                                               ("ROLLOUT", dict(reward=0.0, clipped=False)),
-                                                               ("ROLLOUT", dict(reward=1.0, clipped=True)),
-                                                               ("RETRIEVAL", {})])]
+                rollouts = [
+                    {
+                        **dict(
+                            project="st",
+                            run_id="newer",
+                            attempt=1,
+                            stage="",
+                            time_ns=t,
+                            trace_id=b"t" * 16,
+                            span_id=b"s" * 8,
+                            name="rollout",
+                            kind=kind,
+                            start_time_ns=t,
+                            end_time_ns=t,
+                            status="OK",
+                            sequence_id=n + 1,
+                            writer_id="w",
+                            step=0,
+                            model="m",
+                        ),
+                        **extra,
+                    }
+                    for n, (kind, extra) in enumerate(
+                        [
+                            ("ROLLOUT", dict(reward=0.5, clipped=True)),
+                            ("ROLLOUT", dict(reward=0.0, clipped=False)),
+                            ("ROLLOUT", dict(reward=1.0, clipped=True)),
+                            ("RETRIEVAL", {}),
+                        ]
+                    )
+                ]
                 await producer.send_and_wait(spans, key=b"st/newer", value=container(newer_span, rollouts))
-                await producer.send_and_wait(steps, key=b"st/newer", value=container(
-                    newer_step, [step("newer", "STEP", 1, 2 * i + 2, step=0, loss=None)]))
+                await producer.send_and_wait(
+                    steps, key=b"st/newer", value=container(newer_step, [step("newer", "STEP", 1, 2 * i + 2, step=0, loss=None)])
+                )
             await asyncio.sleep(0.5)
     finally:
         await producer.stop()

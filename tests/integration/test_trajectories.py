@@ -95,7 +95,7 @@ VOID = {"meta", "br", "img", "input", "hr", "link", "col", "area", "base", "wbr"
 
 
 class Node:
-    def __init__(self, tag: str, attrs: dict[str, str | None], parent: "Node | None"):
+    def __init__(self, tag: str, attrs: dict[str, str | None], parent: Node | None):
         self.tag, self.attrs, self.parent, self.children, self.texts = tag, attrs, parent, [], []
 
     def text(self) -> str:
@@ -106,12 +106,12 @@ class Node:
             yield c
             yield from c.walk()
 
-    def find(self, tag: str | None = None, cls: str | None = None, **attrs: str) -> list["Node"]:
+    def find(self, tag: str | None = None, cls: str | None = None, **attrs: str) -> list[Node]:
         return [n for n in self.walk() if (tag is None or n.tag == tag)
                 and (cls is None or cls in (n.attrs.get("class") or "").split())
                 and all(n.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items())]
 
-    def span_named(self, name: str) -> "Node":
+    def span_named(self, name: str) -> Node:
         [hit] = [n for n in self.find(cls="span") if _name(n) == name]
         return hit
 

@@ -217,9 +217,13 @@ def test_the_reader_selects_and_cannot_write(tmp_path: Path) -> None:
     ])
     assert out["select"] == ("ok", [["r1", 7]])
     assert out["readonly"] == ("ok", [[1]])
-    for step, grant in [("insert", "INSERT(project, run_id, step, time_ns) ON rlpulse.steps"),
-                        ("input", "INSERT(project, run_id, step, time_ns) ON rlpulse.steps"),("create", "CREATE TABLE ON rlpulse.x"),
-                        ("drop", "DROP TABLE ON rlpulse.steps"), ("other database", "SHOW USERS ON *.*")]:
+    for step, grant in [
+        ("insert", "INSERT(project, run_id, step, time_ns) ON rlpulse.steps"),
+        ("input", "INSERT(project, run_id, step, time_ns) ON rlpulse.steps"),
+        ("create", "CREATE TABLE ON rlpulse.x"),
+        ("drop", "DROP TABLE ON rlpulse.steps"),
+        ("other database", "SHOW USERS ON *.*"),
+    ]:
         status, message = out[step]
         assert status == "error" and "ACCESS_DENIED" in message and f"the grant {grant}" in message, (step, message)
 
@@ -247,6 +251,8 @@ def test_compose_gives_the_server_these_users_and_the_sink_its_own() -> None:
     sink_password = env["RLPULSE_SINK_PASSWORD"]
     assert sink_password.startswith("${RLPULSE_SINK_PASSWORD:-")
     for service in ("sink", "streams"):
-        assert compose["services"][service]["environment"]["RLPULSE_CLICKHOUSE_URL"] == \
-            f"http://{SINK}:{sink_password}@clickhouse:8123/rlpulse"
+        assert (
+            compose["services"][service]["environment"]["RLPULSE_CLICKHOUSE_URL"]
+            == f"http://{SINK}:{sink_password}@clickhouse:8123/rlpulse"
+        )
     assert READER in " ".join(clickhouse["healthcheck"]["test"])

@@ -59,7 +59,7 @@ def test_the_profile_holds_keeper_two_shards_and_a_pipeline(compose: dict) -> No
 def test_every_mounted_file_exists_and_parses(compose: dict) -> None:
     seen = set()
     for name in CLUSTER_SERVICES:
-        for container, host in mounts(compose["services"][name]).items():
+        for _container, host in mounts(compose["services"][name]).items():
             assert host.is_file(), (name, host)
             ET.parse(host)  # raises on malformed XML
             seen.add(host)

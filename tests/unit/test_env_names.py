@@ -50,12 +50,19 @@ def test_every_name_in_the_repository_is_listed() -> None:
 
 def test_each_variable_says_what_it_means_and_is_used() -> None:
     assert all(meaning.strip() for _, meaning in envvars.VARIABLES.values())
-    constants = {value: key for key, value in vars(envvars).items() if key.isupper() and isinstance(value, str) and value in envvars.VARIABLES}
+    constants = {
+        value: key
+        for key, value in vars(envvars).items()
+        if key.isupper() and isinstance(value, str) and value in envvars.VARIABLES
+    }
     assert sorted(constants) == sorted(envvars.VARIABLES)  # one constant each
     texts = [p.read_text(errors="replace") for p in _files() if p != ROOT / "schemas" / "env.py"]
     importers = "".join(t for t in texts if "rlpulse.schemas" in t and "env" in t)
-    unused = [name for name in envvars.VARIABLES if not any(name in t for t in texts)
-              and not re.search(rf"\b{constants[name]}\b", importers)]
+    unused = [
+        name
+        for name in envvars.VARIABLES
+        if not any(name in t for t in texts) and not re.search(rf"\b{constants[name]}\b", importers)
+    ]
     assert unused == [], "listed but neither named nor read anywhere: remove them"
 
 
@@ -64,9 +71,17 @@ def test_the_settings_variables_are_settings_env_table() -> None:
 
 
 def test_a_child_given_settings_env_gets_the_same_settings(tmp_path: Path) -> None:
-    parent = Settings.load({envvars.HOME: str(tmp_path), envvars.WINDOW: "5s", envvars.SINK_RAW: "0",
-                            envvars.KAFKA_BOOTSTRAP: "10.0.0.1:9092", envvars.ALERT_XID_QUIET_AFTER: "1m",
-                            envvars.TTL_RAW_DAYS: "7", envvars.FAULTS: "drop_first=1"})
+    parent = Settings.load(
+        {
+            envvars.HOME: str(tmp_path),
+            envvars.WINDOW: "5s",
+            envvars.SINK_RAW: "0",
+            envvars.KAFKA_BOOTSTRAP: "10.0.0.1:9092",
+            envvars.ALERT_XID_QUIET_AFTER: "1m",
+            envvars.TTL_RAW_DAYS: "7",
+            envvars.FAULTS: "drop_first=1",
+        }
+    )
     env = parent.env()
     assert set(env) == set(Settings._ENV) - {envvars.FAULTS}  # faults go to the one process a test names
     assert env[envvars.CLICKHOUSE_URL] == f"chdb://{tmp_path / 'clickhouse'}"  # the store in full
@@ -77,8 +92,11 @@ def test_a_child_given_settings_env_gets_the_same_settings(tmp_path: Path) -> No
 
 def _documenting(tree: ast.AST) -> set[int]:
     """ids of the string constants that are docstrings (statements of their own)."""
-    return {id(node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+    return {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    }
 
 
 def test_code_names_variables_through_the_constants() -> None:
@@ -90,8 +108,12 @@ def test_code_names_variables_through_the_constants() -> None:
             tree = ast.parse(path.read_text(), str(path))
             docs = _documenting(tree)
             for node in ast.walk(tree):
-                if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
-                        and NAME.search(node.value)):
+                if (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and id(node) not in docs
+                    and NAME.search(node.value)
+                ):
                     literal.append(f"{path.relative_to(ROOT)}:{node.lineno}: {NAME.findall(node.value)}")
     assert literal == [], "import the name from rlpulse.schemas.env:\n" + "\n".join(literal)
 

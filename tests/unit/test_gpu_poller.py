@@ -63,7 +63,14 @@ def test_export_means_or_and_latest():
     assert rec["gpu_utilization"] == pytest.approx(0.2) and rec["memory_activity"] == pytest.approx(0.2)
     assert rec["sm_clock_mhz"] == 1500.0
     assert rec["xid_errors"] == 0 and rec["xid_last"] is None
-    assert (rec["hw_id"], rec["index"], rec["host"], rec["node"], rec["pod"], rec["time_ns"]) == ("GPU-a", 0, "h1", "n1", "pod-1", 1_000)
+    assert (rec["hw_id"], rec["index"], rec["host"], rec["node"], rec["pod"], rec["time_ns"]) == (
+        "GPU-a",
+        0,
+        "h1",
+        "n1",
+        "pod-1",
+        1_000,
+    )
     assert rec["run_id"] == "" and rec["rank"] is None and rec["role"] is None  # no placement given
     Codec().encode("GpuSample", [rec])
     assert out == [Outgoing("t.hardware", "GPU-a", "GpuSample", rec)]  # no placement -> none published
@@ -304,8 +311,9 @@ def test_main_wires_a_sender_and_returns_zero(monkeypatch):
     stop = threading.Event()
     stop.set()
     fake = FakeNvml(["GPU-a"])
-    rc = gpu_poller.main(SETTINGS, indices=[0], run_id="r1", attempt=1, role="trainer", rank=0, project="p",
-                         nvml_module=fake, stop=stop)
+    rc = gpu_poller.main(
+        SETTINGS, indices=[0], run_id="r1", attempt=1, role="trainer", rank=0, project="p", nvml_module=fake, stop=stop
+    )
     [sender] = created
     assert rc == 0 and sender.closed and not fake.initialised  # NVML shut down
     assert {o.schema for o in sender.offered} == {"Placement", "GpuSample"}

@@ -154,16 +154,16 @@ def test_panel_sql_runs_on_a_migrated_store(tmp_path: Path) -> None:
     pytest.importorskip("chdb")
     queries = {p["title"]: expanded(p["targets"][0]["rawSql"]) for p in dashboard()["panels"]}
     queries["variable run_id"] = RUN_IDS_SQL
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import json, sys
         from rlpulse.sinks.clickhouse import migrate, open_store
         with open_store(sys.argv[1], owner="test") as store:
             migrate(store)
             for name, sql in json.loads(sys.argv[2]).items():
                 try:
-                    store.client.query(sql, settings={{"readonly": 1}})
+                    store.client.query(sql, settings={"readonly": 1})
                 except Exception as exc:
-                    sys.exit(f"{{name}}: {{exc}}")
+                    sys.exit(f"{name}: {exc}")
     """)
     run = subprocess.run([sys.executable, "-c", script, f"chdb://{tmp_path / 'ch'}", json.dumps(queries)],
                          cwd=REPO, capture_output=True, text=True, timeout=300)

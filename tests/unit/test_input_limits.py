@@ -68,7 +68,15 @@ def test_sdk_refuses_long_identity_when_made(field, kwargs):
 
 
 def test_publish_span_has_the_same_limits(tel):
-    span = {"time_ns": 1, "trace_id": b"t" * 16, "span_id": b"s" * 8, "name": "llm", "kind": "LLM", "start_time_ns": 0, "end_time_ns": 1}
+    span = {
+        "time_ns": 1,
+        "trace_id": b"t" * 16,
+        "span_id": b"s" * 8,
+        "name": "llm",
+        "kind": "LLM",
+        "start_time_ns": 0,
+        "end_time_ns": 1,
+    }
     with pytest.raises(ValueError, match="^name is 300 characters; at most 256 are allowed$"):
         tel.publish_span({**span, "name": "n" * 300})
     with pytest.raises(ValueError, match="^status_message is 70000 characters; at most 65536 are allowed$"):
@@ -100,9 +108,11 @@ def test_streams_refuse_a_runs_terms_past_64_and_count_them(caplog):
     assert h.table["p/r1"]["terms_refused"] == 100 and len(h.table["p/r1"]["terms"]) == 64
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(lines) == 3  # the 1st, 10th and 100th
-    assert lines[0] == ("grader span of p/r1 refused: term 'x0' would be distinct term number 65 (at most 64); its "
-                        "figures stay bounded (1 grader spans refused for this run, 1 on this worker); the raw span is "
-                        "still stored")
+    assert lines[0] == (
+        "grader span of p/r1 refused: term 'x0' would be distinct term number 65 (at most 64); its "
+        "figures stay bounded (1 grader spans refused for this run, 1 on this worker); the raw span is "
+        "still stored"
+    )
 
 
 def test_streams_refuse_long_terms_and_ids_of_other_writers(caplog):
@@ -120,8 +130,10 @@ def test_streams_refuse_long_terms_and_ids_of_other_writers(caplog):
     assert stats["rollouts"] == 1  # the rollout counts; its long term and sample id are not kept
     assert {k[4] for k in h.latest("reward-histograms")} == {"total", "judge"}
     messages = [r.getMessage() for r in caplog.records]
-    assert "3 spans records refused: project of 1 and run_id of 300 characters, at most 256 each " \
-           "(3 refused on this worker)" in messages
+    assert (
+        "3 spans records refused: project of 1 and run_id of 300 characters, at most 256 each "
+        "(3 refused on this worker)" in messages
+    )
     assert any("a term of 257 characters (at most 256)" in m for m in messages)
 
 
@@ -138,7 +150,8 @@ def test_streams_refuse_new_runs_past_max_runs_until_one_expires(caplog):
     assert h.stage.processor.runs_refused == 4  # r3 and r4: a span and a step each
     assert caplog.records[0].getMessage() == (
         "1 spans records of the new run p/r3 refused: this worker holds 3 runs, at most 3; the run's figures "
-        "start once ended runs expire (1 records refused on this worker)")
+        "start once ended runs expire (1 records refused on this worker)"
+    )
     # the held runs end and expire: a new run is taken again
     for job in jobs[:3]:
         h.feed("steps", [job.step(2.0, "RUN_END")])

@@ -353,7 +353,8 @@ def test_a_poison_rollout_is_skipped_and_logged_without_touching_its_step(caplog
     job = Job()
     good = job.rollout(1, 0, 0.5, clipped=True)
     bad = [dict(job.rollout(1.1, 0, 0.5), reward=float("nan")), dict(job.rollout(1.2, 0, 0.5), completion_tokens=-1),
-           dict(job.rollout(1.3, 0, 0.5), term_shares={"judge": float("inf")}), dict(job.rollout(1.4, 5, 0.5), reward=float("-inf"))]
+           dict(job.rollout(1.3, 0, 0.5), term_shares={"judge": float("inf")}),
+           dict(job.rollout(1.4, 5, 0.5), reward=float("-inf"))]
     h.feed("spans", [good] + bad + [job.rollout(1.5, 0, 0.7)])
     h.feed("steps", [job.step(2, "STEP", step=0, count=1), job.step(3, "RUN_END", count=1)])
     h.advance(10)
@@ -375,20 +376,50 @@ def test_poison_messages_between_good_ones_are_skipped_logged_and_change_no_figu
     messages, truth = workload(job, steps=3)
 
     def wire(r: dict) -> dict:  # the span fields the processor does not read
-        return {"trace_id": b"t" * 16, "span_id": b"s" * 8, "name": "x", "status": "OK", "start_time_ns": r["time_ns"],
-                "end_time_ns": r["time_ns"], **r}
+        return {
+            "trace_id": b"t" * 16,
+            "span_id": b"s" * 8,
+            "name": "x",
+            "status": "OK",
+            "start_time_ns": r["time_ns"],
+            "end_time_ns": r["time_ns"],
+            **r,
+        }
 
-    good = [(topic, codec.encode("Span", [wire(r) for r in records]) if topic == "spans" else codec.encode("Step", records))
-            for topic, records in messages]
+    good = [
+        (topic, codec.encode("Span", [wire(r) for r in records]) if topic == "spans" else codec.encode("Step", records))
+        for topic, records in messages
+    ]
     nan = codec.encode("Span", [wire(dict(job.rollout(0.5, 0, 0.5), reward=float("nan"), sequence_id=10_000))])
-    poison = [("spans", b"\x00garbage that is not Avro", "not an Avro container"),
-              ("spans", good[2][1][:-30], "runs past the end"),
-              ("spans", good[0][1], "rlpulse.v1.Step is not one of rlpulse.v1.Span"),  # a Step on the spans topic
-              ("steps", codec.encode("GpuSample", [dict(time_ns=1, hw_id="GPU-1", index=0, power_w=1.0, temperature_c=1.0,
-                                                        gpu_utilization=0.0, memory_used_bytes=0, memory_total_bytes=1,
-                                                        memory_utilization=0.0, memory_activity=0.0, sm_clock_mhz=1.0,
-                                                        throttle_reasons=0)]), "GpuSample is not one of rlpulse.v1.Step"),
-              ("spans", None, "too short")]  # a tombstone
+    poison = [
+        ("spans", b"\x00garbage that is not Avro", "not an Avro container"),
+        ("spans", good[2][1][:-30], "runs past the end"),
+        ("spans", good[0][1], "rlpulse.v1.Step is not one of rlpulse.v1.Span"),  # a Step on the spans topic
+        (
+            "steps",
+            codec.encode(
+                "GpuSample",
+                [
+                    dict(
+                        time_ns=1,
+                        hw_id="GPU-1",
+                        index=0,
+                        power_w=1.0,
+                        temperature_c=1.0,
+                        gpu_utilization=0.0,
+                        memory_used_bytes=0,
+                        memory_total_bytes=1,
+                        memory_utilization=0.0,
+                        memory_activity=0.0,
+                        sm_clock_mhz=1.0,
+                        throttle_reasons=0,
+                    )
+                ],
+            ),
+            "GpuSample is not one of rlpulse.v1.Step",
+        ),
+        ("spans", None, "too short"),
+    ]  # a tombstone
     stream = []
     for i, message in enumerate(good):
         stream.append(message)

@@ -11,7 +11,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 

@@ -109,7 +109,8 @@ def test_a_record_that_can_never_fit_is_refused_at_the_call(call, kwargs, field)
 
 def test_a_large_record_that_fits_is_accepted_and_encodes_below_the_limit():
     tel = make()
-    tel.rollout(step=1, rollout_id="x", reward=0.5, attributes={f"k{i}": "é" * 30_000 for i in range(10)})  # 600 KB: near, not over
+    # 600 KB: near, not over
+    tel.rollout(step=1, rollout_id="x", reward=0.5, attributes={f"k{i}": "é" * 30_000 for i in range(10)})
     [(_, _, record)] = tel.sender.queued_records()
     containers, lost = tel.sender.encoder.encode(tel.sender.queue.take(10))
     assert not lost and len(containers) == 1 and len(containers[0].value) < 1024 * 1024
@@ -142,17 +143,34 @@ def test_encoder_groups_and_splits_by_count_and_bytes():
 def test_queued_records_are_what_the_sdk_documents():
     tel = make(stage="rl", clock=lambda: 5_000_000_000)
     tel.grader(step=3, rollout_id="x", term="judge", outcome="timeout", duration_s=2.0, score=0.9, input_tokens=7)
-    tel.rollout(step=3, rollout_id="x", reward=1, term_shares={"judge": 0, "format": 0.25}, completion_tokens=1024,
-                max_tokens=1024, sample_id="prompt-17", duration_s=1)
+    tel.rollout(
+        step=3,
+        rollout_id="x",
+        reward=1,
+        term_shares={"judge": 0, "format": 0.25},
+        completion_tokens=1024,
+        max_tokens=1024,
+        sample_id="prompt-17",
+        duration_s=1,
+    )
     tel.step_completed(step=3, tokens=1000, duration_s=4.0, mfu=0.4)
     (t1, k1, grader), (t2, _, rollout), (t3, _, step) = tel.sender.queued_records()
     assert (t1, t2, t3, k1) == ("q.spans", "q.spans", "q.steps", "p/r")
     assert (grader["kind"], grader["outcome"], grader["score"], grader["status"], grader["status_message"]) == (
-        "GRADER", "timeout", 0.0, "ERROR", "timeout")  # a failed score counts as zero
+        "GRADER",
+        "timeout",
+        0.0,
+        "ERROR",
+        "timeout",
+    )  # a failed score counts as zero
     assert grader["start_time_ns"] == 3_000_000_000 and grader["judge_input_tokens"] == 7
     assert grader["parent_span_id"] == rollout["span_id"] and grader["trace_id"] == rollout["trace_id"]
     assert (rollout["reward"], rollout["term_shares"], rollout["clipped"], rollout["sample_id"]) == (
-        1.0, {"judge": 0.0, "format": 0.25}, True, "prompt-17")
+        1.0,
+        {"judge": 0.0, "format": 0.25},
+        True,
+        "prompt-17",
+    )
     assert type(rollout["reward"]) is float and all(type(x) is float for x in rollout["term_shares"].values())
     assert (step["type"], step["step_count"], step["throughput"], step["mfu"], step["stage"]) == ("STEP", 1, 250.0, 0.4, "rl")
     Codec().encode("Span", [grader, rollout])
@@ -180,8 +198,18 @@ def test_hardware_records_are_checked_at_the_call():
 
 def test_publish_span_takes_this_writers_identity_and_sequence():
     tel = make()
-    fields = dict(time_ns=2, trace_id=b"t" * 16, span_id=b"s" * 8, name="chat", kind="LLM", start_time_ns=1,
-                  end_time_ns=2, project="other", sequence_id=99, attributes={"k": "v"})
+    fields = dict(
+        time_ns=2,
+        trace_id=b"t" * 16,
+        span_id=b"s" * 8,
+        name="chat",
+        kind="LLM",
+        start_time_ns=1,
+        end_time_ns=2,
+        project="other",
+        sequence_id=99,
+        attributes={"k": "v"},
+    )
     assert tel.publish_span(fields)
     with pytest.raises(ValueError, match="kind must be one of"):
         tel.publish_span(dict(fields, kind="BOGUS"))
@@ -252,8 +280,15 @@ def test_a_full_buffer_holds_no_more_memory_than_its_bound():
     try:
         i = 0
         while tel.dropped == 0:  # ids made per call, as a training loop does, kept alive by the queue only
-            tel.rollout(step=i, rollout_id=f"rollout-{i}", reward=0.5 + i, term_shares={"judge": 0.1 + i, "format": 0.1},
-                        completion_tokens=100 + i, max_tokens=1024, sample_id=f"prompt-{i}")
+            tel.rollout(
+                step=i,
+                rollout_id=f"rollout-{i}",
+                reward=0.5 + i,
+                term_shares={"judge": 0.1 + i, "format": 0.1},
+                completion_tokens=100 + i,
+                max_tokens=1024,
+                sample_id=f"prompt-{i}",
+            )
             tel.grader(step=i, rollout_id=f"rollout-{i}", term="judge", outcome="ok", duration_s=0.5 + i, score=0.5 + i)
             tel.step_completed(step=i, tokens=1000 + i, duration_s=1.0 + i)
             i += 1

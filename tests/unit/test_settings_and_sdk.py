@@ -41,21 +41,45 @@ def tel():
         ("rollout", dict(step=1, rollout_id="x", reward=math.nan), "reward must be a finite number"),
         ("rollout", dict(step=1, rollout_id="x", reward=math.inf), "reward must be a finite number"),
         ("rollout", dict(step=-1, rollout_id="x", reward=0.5), "step must be a non-negative integer"),
-        ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={"j": "high"}), r"term_shares\['j'\] must be a finite number"),
+        (
+            "rollout",
+            dict(step=1, rollout_id="x", reward=0.5, term_shares={"j": "high"}),
+            r"term_shares\['j'\] must be a finite number",
+        ),
         ("step_completed", dict(step=1, duration_s=-2.0), "duration_s must be >= 0.0"),
-        ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={"k": [1, 2]}), r"attributes\['k'\] must be a string, bool, int or float"),
-        ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={f"k{i}": i for i in range(129)}), "attributes has 129 keys; at most 128"),
-        ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={f"t{i}": 0.1 for i in range(65)}), "term_shares has 65 keys; at most 64"),
+        (
+            "rollout",
+            dict(step=1, rollout_id="x", reward=0.5, attributes={"k": [1, 2]}),
+            r"attributes\['k'\] must be a string, bool, int or float",
+        ),
+        (
+            "rollout",
+            dict(step=1, rollout_id="x", reward=0.5, attributes={f"k{i}": i for i in range(129)}),
+            "attributes has 129 keys; at most 128",
+        ),
+        (
+            "rollout",
+            dict(step=1, rollout_id="x", reward=0.5, term_shares={f"t{i}": 0.1 for i in range(65)}),
+            "term_shares has 65 keys; at most 64",
+        ),
         # the inline fast paths hand anything unusual to the full checks
         ("rollout", dict(step=True, rollout_id="x", reward=0.5), "step must be a non-negative integer"),
         ("rollout", dict(step=1.0, rollout_id="x", reward=0.5), "step must be a non-negative integer"),
         ("rollout", dict(step=1, rollout_id="", reward=0.5), "rollout_id must be a non-empty string"),
         ("rollout", dict(step=1, rollout_id=7, reward=0.5), "rollout_id must be a non-empty string"),
         ("rollout", dict(step=1, rollout_id="x", reward="0.5"), "reward must be a finite number"),
-        ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={"j": math.nan}), r"term_shares\['j'\] must be a finite number"),
+        (
+            "rollout",
+            dict(step=1, rollout_id="x", reward=0.5, term_shares={"j": math.nan}),
+            r"term_shares\['j'\] must be a finite number",
+        ),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={3: 0.1}), "term_shares key must be a non-empty string"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares=[("j", 0.1)]), "term_shares must be a mapping"),
-        ("rollout", dict(step=1, rollout_id="x", reward=0.5, completion_tokens=-1), "completion_tokens must be a non-negative integer"),
+        (
+            "rollout",
+            dict(step=1, rollout_id="x", reward=0.5, completion_tokens=-1),
+            "completion_tokens must be a non-negative integer",
+        ),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, max_tokens=1.5), "max_tokens must be a non-negative integer"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, clipped=1), "clipped must be True, False or None"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, sample_id=""), "sample_id must be a non-empty string"),
@@ -65,9 +89,21 @@ def tel():
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes=[1]), "attributes must be a mapping"),
         ("grader", dict(step=1, rollout_id="x", term="judge", outcome=["ok"], duration_s=1.0), "outcome must be one of"),
         ("grader", dict(step=1, rollout_id="x", term="", outcome="ok", duration_s=1.0), "term must be a non-empty string"),
-        ("grader", dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=math.nan), "duration_s must be a finite number"),
-        ("grader", dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1.0, score=math.nan), "score must be a finite number"),
-        ("grader", dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1.0, input_tokens=-3), "input_tokens must be a non-negative integer"),
+        (
+            "grader",
+            dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=math.nan),
+            "duration_s must be a finite number",
+        ),
+        (
+            "grader",
+            dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1.0, score=math.nan),
+            "score must be a finite number",
+        ),
+        (
+            "grader",
+            dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1.0, input_tokens=-3),
+            "input_tokens must be a non-negative integer",
+        ),
         ("step_completed", dict(step=-1), "step must be a non-negative integer"),
         ("step_completed", dict(step=1, mfu=math.nan), "mfu must be a finite number"),
     ],
@@ -115,9 +151,24 @@ def test_ints_where_floats_are_expected_are_accepted_as_floats(tel):
 
 
 SPAN = dict(time_ns=2, trace_id=b"t" * 16, span_id=b"s" * 8, name="chat", kind="LLM", start_time_ns=1, end_time_ns=2)
-SAMPLE = dict(project="p", run_id="r", attempt=1, time_ns=1, hw_id="GPU-a", index=0, host="h", power_w=300.0,
-              temperature_c=60.0, gpu_utilization=0.5, memory_used_bytes=1, memory_total_bytes=2, memory_utilization=0.5,
-              memory_activity=0.1, sm_clock_mhz=1500.0, throttle_reasons=0)
+SAMPLE = dict(
+    project="p",
+    run_id="r",
+    attempt=1,
+    time_ns=1,
+    hw_id="GPU-a",
+    index=0,
+    host="h",
+    power_w=300.0,
+    temperature_c=60.0,
+    gpu_utilization=0.5,
+    memory_used_bytes=1,
+    memory_total_bytes=2,
+    memory_utilization=0.5,
+    memory_activity=0.1,
+    sm_clock_mhz=1500.0,
+    throttle_reasons=0,
+)
 BIG = 2**64  # beyond Avro long
 LONE = "\ud800"  # a lone surrogate: no UTF-8 encoding
 
@@ -129,21 +180,45 @@ LONE = "\ud800"  # a lone surrogate: no UTF-8 encoding
         ("rollout", dict(step=1, rollout_id=LONE, reward=0.5), "rollout_id is not valid text: surrogates not allowed"),
         ("rollout", dict(step=1, rollout_id="é" + LONE, reward=0.5), "rollout_id is not valid text"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, sample_id=LONE), "sample_id is not valid text"),
-        ("rollout", dict(step=1, rollout_id="x", reward=0.5, completion_tokens=BIG), "completion_tokens must be a non-negative integer of at most"),
-        ("rollout", dict(step=1, rollout_id="x", reward=0.5, max_tokens=2**63), "max_tokens must be a non-negative integer of at most"),
+        (
+            "rollout",
+            dict(step=1, rollout_id="x", reward=0.5, completion_tokens=BIG),
+            "completion_tokens must be a non-negative integer of at most",
+        ),
+        (
+            "rollout",
+            dict(step=1, rollout_id="x", reward=0.5, max_tokens=2**63),
+            "max_tokens must be a non-negative integer of at most",
+        ),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, duration_s=1e300), "duration_s must be <= 1e"),
         ("rollout", dict(step=1, rollout_id="x", reward=2**2000), "reward must be a finite number"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={LONE: 0.1}), "term_shares key is not valid text"),
-        ("rollout", dict(step=1, rollout_id="x", reward=0.5, term_shares={"j": 2**2000}), r"term_shares\['j'\] must be a finite number"),
+        (
+            "rollout",
+            dict(step=1, rollout_id="x", reward=0.5, term_shares={"j": 2**2000}),
+            r"term_shares\['j'\] must be a finite number",
+        ),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={"k": BIG}), r"attributes\['k'\] is beyond Avro long"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={"k": LONE}), r"attributes\['k'\] is not valid text"),
         ("rollout", dict(step=1, rollout_id="x", reward=0.5, attributes={LONE: 1}), "attributes key is not valid text"),
-        ("grader", dict(step=BIG, rollout_id="x", term="judge", outcome="ok", duration_s=1.0), "step must be a non-negative integer of at most"),
+        (
+            "grader",
+            dict(step=BIG, rollout_id="x", term="judge", outcome="ok", duration_s=1.0),
+            "step must be a non-negative integer of at most",
+        ),
         ("grader", dict(step=1, rollout_id=LONE, term="judge", outcome="ok", duration_s=1.0), "rollout_id is not valid text"),
         ("grader", dict(step=1, rollout_id="x", term=LONE, outcome="ok", duration_s=1.0), "term is not valid text"),
         ("grader", dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1e300), "duration_s must be <= 1e"),
-        ("grader", dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1.0, score=math.inf), "score must be a finite number"),
-        ("grader", dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1.0, output_tokens=BIG), "output_tokens must be a non-negative integer of at most"),
+        (
+            "grader",
+            dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1.0, score=math.inf),
+            "score must be a finite number",
+        ),
+        (
+            "grader",
+            dict(step=1, rollout_id="x", term="judge", outcome="ok", duration_s=1.0, output_tokens=BIG),
+            "output_tokens must be a non-negative integer of at most",
+        ),
         ("step_completed", dict(step=1, tokens=BIG), "tokens must be a non-negative integer of at most"),
         ("step_completed", dict(step=BIG), "step must be a non-negative integer of at most"),
         ("step_completed", dict(step=1, duration_s=1e300), "duration_s must be <= 1e"),
@@ -159,10 +234,26 @@ LONE = "\ud800"  # a lone surrogate: no UTF-8 encoding
         ("publish_span", dict(span=dict(SPAN, attributes={LONE: 1})), "attributes key is not valid text"),
         ("publish_span", dict(span=dict(SPAN, term_shares={"j": math.nan})), r"term_shares\['j'\] must be a finite number"),
         ("publish_span", dict(span=dict(SPAN, score=math.inf)), "score must be a finite number"),
-        ("publish_hardware", dict(record_type="GpuSample", key="GPU-a", record=dict(SAMPLE, power_w=math.nan)), "power_w must be a finite number"),
-        ("publish_hardware", dict(record_type="GpuSample", key="GPU-a", record=dict(SAMPLE, memory_used_bytes=BIG)), "memory_used_bytes must be an integer from"),
-        ("publish_hardware", dict(record_type="GpuSample", key="GPU-a", record=dict(SAMPLE, index=2**40)), "index must be an integer from -2147483648"),
-        ("publish_hardware", dict(record_type="GpuSample", key="GPU-a", record=dict(SAMPLE, host=LONE)), "host is not valid text"),
+        (
+            "publish_hardware",
+            dict(record_type="GpuSample", key="GPU-a", record=dict(SAMPLE, power_w=math.nan)),
+            "power_w must be a finite number",
+        ),
+        (
+            "publish_hardware",
+            dict(record_type="GpuSample", key="GPU-a", record=dict(SAMPLE, memory_used_bytes=BIG)),
+            "memory_used_bytes must be an integer from",
+        ),
+        (
+            "publish_hardware",
+            dict(record_type="GpuSample", key="GPU-a", record=dict(SAMPLE, index=2**40)),
+            "index must be an integer from -2147483648",
+        ),
+        (
+            "publish_hardware",
+            dict(record_type="GpuSample", key="GPU-a", record=dict(SAMPLE, host=LONE)),
+            "host is not valid text",
+        ),
     ],
 )
 def test_nan_infinity_overflow_and_lone_surrogates_raise_naming_the_field(tel, call, kwargs, message):
@@ -193,8 +284,13 @@ def test_valid_non_ascii_text_and_number_subclasses_are_accepted(tel):
     class Level(int):
         pass
 
-    tel.rollout(step=1, rollout_id="rollout-é-雪", reward=0.5, sample_id="prompt-✓",
-                attributes={"lang": "日本語", "level": Level(3), "ratio": 0.5})
+    tel.rollout(
+        step=1,
+        rollout_id="rollout-é-雪",
+        reward=0.5,
+        sample_id="prompt-✓",
+        attributes={"lang": "日本語", "level": Level(3), "ratio": 0.5},
+    )
     tel.publish_span(dict(SPAN, name="chat ✓", attributes={"k": "é"}))
     [(_, _, rollout), (_, _, span)] = tel.sender.queued_records()
     assert rollout["rollout_id"] == "rollout-é-雪" and rollout["attributes"]["level"] == 3
@@ -212,13 +308,21 @@ def test_the_span_exporter_drops_and_counts_bad_spans_and_logs_once(tel, caplog)
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("agent")
-    bad = [{"rlpulse.reward": math.nan}, {"rlpulse.step": math.inf}, {"rlpulse.step": 2**64}, {"loss": -math.inf},
-           {"tokens": 2**70}, {"rlpulse.rollout_id": LONE}, {"note": "a" + LONE}]
+    bad = [
+        {"rlpulse.reward": math.nan},
+        {"rlpulse.step": math.inf},
+        {"rlpulse.step": 2**64},
+        {"loss": -math.inf},
+        {"tokens": 2**70},
+        {"rlpulse.rollout_id": LONE},
+        {"note": "a" + LONE},
+    ]
     for i, attributes in enumerate(bad):
         with tracer.start_as_current_span(f"bad{i}", attributes={"rlpulse.kind": "REWARD", **attributes}):
             pass
-    with tracer.start_as_current_span("good", attributes={"rlpulse.kind": "REWARD", "rlpulse.reward": 0.5,
-                                                          "rlpulse.step": 4.0, "rlpulse.rollout_id": "r-1"}):
+    with tracer.start_as_current_span(
+        "good", attributes={"rlpulse.kind": "REWARD", "rlpulse.reward": 0.5, "rlpulse.step": 4.0, "rlpulse.rollout_id": "r-1"}
+    ):
         pass
     spans = memory.get_finished_spans()
     assert len(spans) == len(bad) + 1
