@@ -55,19 +55,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("backend", chosen, indirect=True, scope="session")
 
 
-# Modules of the full tier whose files do not say so themselves yet (others are rewriting them;
-# a module's own ``pytestmark = [pytest.mark.integration, pytest.mark.full]`` should replace this):
-# each starts and stops brokers of its own, and the one-home test runs `rlpulse demo`.
-FULL_MODULES = frozenset({"test_services.py", "test_one_home.py"})
-
-
-@pytest.hookimpl(tryfirst=True)  # before -m "not full" deselects by marker
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.name in FULL_MODULES and item.path.parent == Path(__file__).parent:
-            item.add_marker(pytest.mark.full)
-
-
 @pytest.fixture(scope="session")
 def backend(request) -> Iterator[dict[str, str]]:
     """Connection settings of one backend: kafka_bootstrap and clickhouse_url ('' = chDB per test)."""

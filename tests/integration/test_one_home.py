@@ -31,7 +31,7 @@ import pytest
 
 from rlpulse.schemas.settings import broker_address_file, recorded_bootstrap
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # a broker of its own, and `rlpulse demo`
 REPO = Path(__file__).resolve().parents[2]
 CHECKOUT_HOME = REPO / ".rlpulse"
 

@@ -21,6 +21,7 @@ from rlpulse.schemas.settings import Settings
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.full,  # starts and stops brokers of its own
     pytest.mark.skipif(
         shutil.which("java") is None or shutil.which("mvn") is None,
         reason="the local Kafka broker needs java and mvn on PATH (apt-get install openjdk-17-jre-headless maven)",
