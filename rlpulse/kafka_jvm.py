@@ -35,6 +35,17 @@ LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})  # where `
 STOP_TIMEOUT = 30.0
 # Per JVM: a cluster's three nodes fit a small machine beside the pipeline.
 JVM_OPTS = ["-Xmx512m", "-Xms256m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
+# What a Kafka JVM (the broker, its storage and admin tools) gets of the user's environment: an
+# allowlist. The user's shell may hold passwords (RLPULSE_KAFKA_PASSWORD, cloud keys, tokens) that
+# a broker has no use for and would keep for its lifetime; COLUMNS is left out because the storage
+# tool chokes on it.
+JVM_ENV_ALLOWED = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "JAVA_HOME"})
+
+
+def jvm_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a Kafka JVM is started with: only the names in ``JVM_ENV_ALLOWED``."""
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items() if k in JVM_ENV_ALLOWED}
 
 
 class ServicesError(RuntimeError):
@@ -111,10 +122,9 @@ def format_storage(data: Path, libs: Path, server: Path, log4j: Path, cluster_id
     """Format ``data`` (the log.dirs of ``server``) once; a cluster's nodes all get one ``cluster_id``."""
     if (data / "meta.properties").exists():
         return
-    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # StorageTool chokes on COLUMNS
     cmd = ["java", f"-Dlog4j.configuration=file:{log4j}", "-cp", f"{libs}/*",
            "kafka.tools.StorageTool", "format", "-t", cluster_id or new_cluster_id(), "-c", str(server)]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, umask=PRIVATE_UMASK)
+    run = subprocess.run(cmd, capture_output=True, text=True, env=jvm_env(), umask=PRIVATE_UMASK)
     if run.returncode != 0:
         raise ServicesError(f"formatting Kafka storage failed (exit {run.returncode}):\n{run.stdout}{run.stderr}")
     say(f"formatted Kafka storage in {data}")
@@ -126,7 +136,7 @@ def launch(libs: Path, server: Path, log4j: Path, log: Path, pid_file: Path) -> 
            "-cp", f"{libs}/*", "kafka.Kafka", str(server)]
     # umask 077: the broker's data, its log4j files and its GC logs are the owner's only
     with open(private_file(log), "ab") as out:
-        proc = subprocess.Popen(cmd, cwd=log.parent, stdin=subprocess.DEVNULL, stdout=out,
+        proc = subprocess.Popen(cmd, cwd=log.parent, stdin=subprocess.DEVNULL, stdout=out, env=jvm_env(),
                                 stderr=subprocess.STDOUT, start_new_session=True, umask=PRIVATE_UMASK)
     write_private(pid_file, f"{proc.pid}\n")
     return proc

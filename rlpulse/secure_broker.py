@@ -78,8 +78,7 @@ def add_scram_user(settings: Settings, user: str, password: str, mechanism: str 
         cmd = ["java", f"-Dlog4j.configuration=file:{kdir / 'log4j.properties'}", "-cp", f"{libs}/*",
                "kafka.admin.ConfigCommand", "--bootstrap-server", settings.kafka_bootstrap, "--alter",
                "--entity-type", "users", "--entity-name", user, "--add-config-file", str(secret)]
-        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-        run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        run = subprocess.run(cmd, capture_output=True, text=True, env=kafka_jvm.jvm_env(), timeout=120)
     finally:
         secret.unlink(missing_ok=True)
     if run.returncode != 0:

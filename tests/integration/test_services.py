@@ -32,8 +32,13 @@ BOOTSTRAP = "127.0.0.1:19092"
 REPO = Path(__file__).resolve().parents[2]
 
 
+# In the environment of `services up`; the broker it starts must not inherit it (issue 18, finding 12).
+SHELL_SECRET = ("RLPULSE_KAFKA_PASSWORD", "a-shell-secret-the-broker-must-not-hold")
+
+
 def cli(home: Path, action: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, RLPULSE_HOME=str(home), RLPULSE_KAFKA_BOOTSTRAP=BOOTSTRAP)
+    env[SHELL_SECRET[0]] = SHELL_SECRET[1]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "rlpulse.cli", "services", action],
@@ -56,6 +61,10 @@ def test_up_is_idempotent_and_down_stops_it(tmp_path: Path) -> None:
         pid = pid_in_file(tmp_path)
         assert pid is not None and services.our_pid(settings) == pid
         assert services.broker_answers(BOOTSTRAP, 5.0)
+        # The broker got only the allowlisted names of the environment `services up` ran with.
+        environ = dict(e.split("=", 1) for e in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in e)
+        assert set(environ) <= kafka_jvm.JVM_ENV_ALLOWED and "PATH" in environ, sorted(environ)
+        assert SHELL_SECRET[1] not in Path(f"/proc/{pid}/environ").read_text()
 
         second = cli(tmp_path, "up")
         assert second.returncode == 0, second.stdout + second.stderr
