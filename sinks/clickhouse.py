@@ -178,7 +178,7 @@ def open_reader(dsn: str, owner: str = "rlpulse") -> Store:
     try:
         return open_store(dsn, owner=owner)
     except StoreBusyError:
-        from rlpulse.sinks.read_endpoint import find_endpoint
+        from rlpulse.sinks.endpoint_file import find_endpoint
 
         found = find_endpoint(Path(urlsplit(dsn).path))
         if found is None:

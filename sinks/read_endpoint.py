@@ -16,7 +16,8 @@ after the request. What may run there, read-only and within limits, is ``rlpulse
 Every request but ``/ping`` must carry the user ``rlpulse`` and the password the sink drew at
 start (``secrets.token_urlsafe``), as HTTP basic auth (what clickhouse-connect and Grafana send)
 or ``X-ClickHouse-User``/``X-ClickHouse-Key`` headers: loopback is open to every local user,
-the endpoint file that holds the password only to the store's owner. Anything else gets
+the endpoint file that holds the password only to the store's owner (it, and finding it, are
+``rlpulse.sinks.endpoint_file``'s). Anything else gets
 ClickHouse's AUTHENTICATION_FAILED (516, HTTP 403). A password in the URL is refused too: URLs
 end up in shell histories and logs.
 
@@ -49,15 +50,15 @@ from email.parser import BytesParser
 from email.policy import HTTP
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from rlpulse.schemas.env import READ_PORT
+from rlpulse.sinks.endpoint_file import ENDPOINT_FILE, publish, withdraw
 from rlpulse.sinks.read_engine import Engine, QueryFailed, ReadLimits
 
 log = logging.getLogger(__name__)
 
-ENDPOINT_FILE = "endpoint"  # in the store directory: {"url", "pid", "user", "password"}, 0600, removed at exit
 HOST = "127.0.0.1"
 READ_USER = "rlpulse"  # the one user; its password is new at every sink start
 MAX_BODY = 16 * 1024 * 1024  # a query, not data: nothing is inserted here (on the wire, and once decompressed)
@@ -351,22 +352,12 @@ class ReadEndpoint:
 
     def start(self) -> ReadEndpoint:
         self._thread.start()
-        path = self.store_dir / ENDPOINT_FILE
-        tmp = path.with_name(f".{ENDPOINT_FILE}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"url": self.url, "pid": os.getpid(), "user": self.user, "password": self.password}, f)
-        os.replace(tmp, path)  # readers never see half a file
+        path = publish(self.store_dir, self.url, self.user, self.password)
         log.info("read-only queries on the store at %s (loopback only; user and password in %s)", self.url, path)
         return self
 
     def close(self) -> None:
-        path = self.store_dir / ENDPOINT_FILE
-        try:
-            if json.loads(path.read_text()).get("pid") == os.getpid():
-                path.unlink()
-        except (OSError, ValueError):
-            pass
+        withdraw(self.store_dir)
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -390,42 +381,3 @@ def serve_reads(store: Any, port: int | None = None, limits: ReadLimits | None =
     finally:
         endpoint.close()
 
-
-def _holder_pid(store_dir: Path) -> tuple[int | None, str]:
-    try:
-        text = (store_dir / "rlpulse.lock").read_text()
-    except OSError:
-        return None, ""
-    m = re.match(r"pid (\d+)", text)
-    return (int(m.group(1)) if m else None), text
-
-
-class Endpoint(NamedTuple):
-    """Where a sink serves reads, and the credentials it takes."""
-
-    url: str
-    user: str
-    password: str
-
-    def __repr__(self) -> str:  # never the password, should one be logged or put in an error
-        return f"Endpoint(url={self.url!r}, user={self.user!r}, password='***')"
-
-
-def find_endpoint(store_dir: Path, wait: float = 5.0) -> Endpoint | None:
-    """The read endpoint of the process holding the store at ``store_dir``, or None.
-
-    A file left by a process that died is ignored (its pid is not the lock holder's). A sink that
-    has just taken the lock (migrating, starting its server) gets ``wait`` seconds to publish it.
-    """
-    deadline = time.monotonic() + wait
-    while True:
-        pid, holder = _holder_pid(store_dir)
-        try:
-            found = json.loads((store_dir / ENDPOINT_FILE).read_text())
-        except (OSError, ValueError):
-            found = {}
-        if pid is not None and found.get("pid") == pid and found.get("url"):
-            return Endpoint(str(found["url"]), str(found.get("user", "")), str(found.get("password", "")))
-        if "sink" not in holder or time.monotonic() > deadline:
-            return None
-        time.sleep(0.1)

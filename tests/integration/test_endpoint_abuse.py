@@ -27,7 +27,7 @@ from rlpulse.producers import TrainingTelemetry
 from rlpulse.schemas.catalogue import SINK_TOPICS
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
-from rlpulse.sinks.read_endpoint import Endpoint, find_endpoint
+from rlpulse.sinks.endpoint_file import Endpoint, find_endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]  # security (abuse, ~35 s): make test-all
 # In the sink's environment only: no answer may carry it (file('/proc/self/environ') would).

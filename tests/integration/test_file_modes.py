@@ -20,7 +20,7 @@ from rlpulse.producers.simulator import SimConfig, simulate
 from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
-from rlpulse.sinks.read_endpoint import ENDPOINT_FILE
+from rlpulse.sinks.endpoint_file import ENDPOINT_FILE
 from tests.integration import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]  # security, and a broker of its own: make test-all

@@ -29,7 +29,7 @@ from rlpulse.producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
-from rlpulse.sinks.read_endpoint import ENDPOINT_FILE
+from rlpulse.sinks.endpoint_file import ENDPOINT_FILE
 from tests.integration.until import counts
 
 pytestmark = pytest.mark.integration

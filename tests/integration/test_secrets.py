@@ -28,7 +28,7 @@ from rlpulse.cli import build_parser
 from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
-from rlpulse.sinks.read_endpoint import ENDPOINT_FILE
+from rlpulse.sinks.endpoint_file import ENDPOINT_FILE
 from tests.integration import until
 from tests.integration.test_alert_feed import Receiver
 
