@@ -9,6 +9,7 @@ import sys
 
 from rlpulse import commands
 from rlpulse.schemas import env as envvars
+from rlpulse.schemas.terminal import TerminalSafeFormatter, terminal_safe_lines
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -239,10 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     from rlpulse.schemas.files import PRIVATE_UMASK
 
     os.umask(PRIVATE_UMASK)
-    logging.basicConfig(
-        level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    # Log lines quote hostile values (an alert's key in the webhook's lines, a decoder's reason for
+    # a message anyone sent): the formatter writes their control characters as visible escapes.
+    handler = logging.StreamHandler()
+    handler.setFormatter(TerminalSafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO, handlers=[handler])
     if not getattr(args, "verbose", False):
         logging.getLogger("aiokafka").setLevel(logging.WARNING)  # its INFO lines are for debugging
     try:
@@ -258,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlpulse {args.command}: interrupted", file=sys.stderr)
         return 130
     except ValueError as exc:  # bad settings or arguments: one clear line, no traceback
-        print(f"rlpulse {args.command}: {exc}", file=sys.stderr)
+        print(f"rlpulse {args.command}: {terminal_safe_lines(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:
         # Known operational failures (store busy, no data, broker unreachable, pipeline stuck): one
@@ -266,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         message = _known_failure(exc, args)
         if message is None:
             raise
-        print(f"rlpulse {args.command}: {message}", file=sys.stderr)
+        # A message may quote what the store or the broker holds (a run's name, ClickHouse's reason
+        # with a value in it); one that spans lines on purpose (a log's tail) keeps its lines.
+        print(f"rlpulse {args.command}: {terminal_safe_lines(message)}", file=sys.stderr)
         return 1
 
 

@@ -255,14 +255,18 @@ def _require_rows(store, run: str | None, project: str | None) -> None:
     from rlpulse.sinks.html_report import latest_attempt
     from rlpulse.sinks.report import has_rows, latest_names, stored_rows
 
+    from rlpulse.schemas.terminal import terminal_safe
+
+    def latest(column: str) -> str:  # names anyone could have sent: a newline in one would forge a line
+        return ", ".join(terminal_safe(name) for name in latest_names(store, column))
+
     require_database(store)
     if not stored_rows(store):
         raise no_data(store, "its tables are empty")
     if run is not None and latest_attempt(store, run) is None:
-        raise NoDataError(f"no rows name run {run!r} in {store.url}. Latest runs: {', '.join(latest_names(store, 'run_id'))}")
+        raise NoDataError(f"no rows name run {run!r} in {store.url}. Latest runs: {latest('run_id')}")
     if project is not None and not has_rows(store, "project", project):
-        raise NoDataError(f"no rows of project {project!r} in {store.url}. "
-                          f"Latest projects: {', '.join(latest_names(store, 'project'))}")
+        raise NoDataError(f"no rows of project {project!r} in {store.url}. Latest projects: {latest('project')}")
 
 
 def cmd_watch(args: argparse.Namespace) -> int:

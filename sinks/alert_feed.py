@@ -44,6 +44,7 @@ from aiokafka.errors import KafkaError
 
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.codec import Codec, DecodeError
+from rlpulse.schemas.terminal import terminal_safe
 from rlpulse.schemas.topics import topic_partitions
 from rlpulse.sinks.webhook import Webhook
 
@@ -51,9 +52,13 @@ log = logging.getLogger(__name__)
 
 
 def format_alert(alert: dict[str, Any]) -> str:
+    """One printed line per alert. Its key and summary name runs, GPUs and terms chosen by whoever
+    wrote to a raw topic: every text field is made terminal-safe before it is padded, so the line
+    stays one line and drives no terminal."""
     when = time.strftime("%H:%M:%S", time.localtime(alert["time_ns"] / 1e9))
-    return (f"{when} {alert['state']:<8} {alert['rule']:<21} {alert['key']} [{alert['severity']}] "
-            f"{alert['summary']} (value {alert['value']:g}, threshold {alert['threshold']:g})")
+    text = {name: terminal_safe(str(alert[name])) for name in ("state", "rule", "key", "severity", "summary")}
+    return (f"{when} {text['state']:<8} {text['rule']:<21} {text['key']} [{text['severity']}] "
+            f"{text['summary']} (value {alert['value']:g}, threshold {alert['threshold']:g})")
 
 
 def default_group(settings: Settings) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from rlpulse.schemas.terminal import csv_safe
 from rlpulse.sinks.read_engine import QueryFailed, check_statement
 
 SAVED = Path(__file__).parent / "queries"
@@ -235,18 +236,25 @@ def _plain(v: Any) -> Any:
 
 
 def _text(v: Any) -> str:
+    """A CSV cell. Its value may come from a topic anyone writes to and the CSV is often read with
+    ``cat``: every control character but a newline or tab is written as a visible escape (the
+    writer quotes a cell holding those, so a reader gets multi-line text back whole)."""
     if v is None:
         return ""
     if isinstance(v, (list, tuple, dict)):
-        return json.dumps(_plain(v), separators=(",", ":"))
+        return json.dumps(_plain(v), separators=(",", ":"))  # json.dumps escapes every control itself
     if isinstance(v, (datetime, date)):
         return v.isoformat()
-    return str(v)
+    return csv_safe(str(v))
 
 
 def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "table") -> str:
     """Rows as ``table`` (``rlpulse.sinks.report.print_table``'s aligned text), ``csv`` (a header, then rows; NULL
-    empty, arrays and maps as JSON, times in ISO 8601) or ``json`` (a list of objects; NaN and inf as null)."""
+    empty, arrays and maps as JSON, times in ISO 8601) or ``json`` (a list of objects; NaN and inf as null).
+
+    None of them prints a control character of a value raw: the table escapes them all (print_table), the
+    CSV all but newline and tab (``_text``), and json.dumps writes every control and non-ASCII character
+    as a ``\\u`` escape (ensure_ascii, its default)."""
     if fmt == "table":
         from rlpulse.sinks.report import print_table
 
@@ -257,7 +265,7 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "ta
     if fmt == "csv":
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(columns)
+        writer.writerow([_text(c) for c in columns])
         writer.writerows([_text(v) for v in row] for row in rows)
         return buf.getvalue()
     if fmt == "json":

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Sequence
 
+from rlpulse.schemas.terminal import terminal_safe
 from rlpulse.sinks.clickhouse import Store
 
 EVENT_TABLES = ("spans", "steps", "gpu_samples", "placements", "grader_failures", "step_stats", "reward_histograms",
@@ -12,7 +13,12 @@ EVENT_TABLES = ("spans", "steps", "gpu_samples", "placements", "grader_failures"
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    cells = [[str(c) for c in columns]] + [["" if v is None else str(v) for v in row] for row in rows]
+    """Aligned columns under a header: the text of ``rlpulse query``, ``report`` and ``dlq``.
+
+    Each cell passes through terminal_safe: values come from topics anyone can write to, and a
+    newline in a run id would forge a row, an escape sequence would drive the reader's terminal."""
+    cells = [[terminal_safe(str(c)) for c in columns]] + [["" if v is None else terminal_safe(str(v)) for v in row]
+                                                          for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     for n, row in enumerate(cells):
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
@@ -85,7 +91,8 @@ def print_histogram(bounds: list[float], counts: list[int], width: int = 40) -> 
 
 
 def print_report(store: Store, project: str | None = None) -> None:
-    scope = f"project {project}" if project else "all projects"
+    # The tables are made safe by print_table; the headings name a project and run ids as well.
+    scope = f"project {terminal_safe(project)}" if project else "all projects"
     print(f"\n== rows per table ({scope}) ==")
     print_table(["table", "rows"], rows_per_table(store, project))
     print(f"\n== grader failures by cause, per run ({scope}) ==")
@@ -93,7 +100,7 @@ def print_report(store: Store, project: str | None = None) -> None:
     print(f"\n== clipped ratio and reward per step ({scope}) ==")
     print_table(*step_figures(store, project))
     for run_id, bounds, counts in reward_histograms(store, project):
-        print(f"\n== reward histogram, run {run_id} (all steps, term total) ==")
+        print(f"\n== reward histogram, run {terminal_safe(str(run_id))} (all steps, term total) ==")
         print_histogram(bounds, counts)
     print(f"\n== alerts ({scope}) ==")
     print_table(*alerts(store, project))

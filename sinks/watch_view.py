@@ -19,14 +19,17 @@ the header names it instead. GPU table: RUN GPU UTIL POWER MEM; then SAMPLE (age
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
+from rlpulse.schemas.terminal import terminal_safe
 from rlpulse.sinks.watch_data import NS, WatchSnapshot
 
 STATE_STYLES = {"RUNNING": "green", "STALLED": "bold yellow", "SILENT": "bold red", "ENDED": "dim"}
@@ -233,11 +236,31 @@ def header(snap: WatchSnapshot, note: str = "") -> Text:
     return text
 
 
+def neutralised(value: Any) -> Any:
+    """``value`` (a snapshot, its runs, GPUs and alerts) with every string made terminal-safe.
+
+    Run ids, projects, hosts, GPU ids, alert keys and summaries come from topics anyone can write
+    to. rich prints a Text's characters as they are (it drops only a few C0 controls), so an escape
+    sequence in a run id would drive the terminal, and a newline would break the table's rows.
+    Done once on the whole snapshot before the layout: every column, heading and width sees the
+    escaped text, and a column added later is covered without thinking of it."""
+    if isinstance(value, str):
+        return terminal_safe(value)
+    if isinstance(value, list):
+        return [neutralised(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: neutralised(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    return value
+
+
 class Frame:
     """One frame of the view, laid out on the width rich draws it in."""
 
     def __init__(self, snap: WatchSnapshot, note: str = "", error: str | None = None):
-        self.snap, self.note, self.error = snap, note, error
+        # The error quotes an exception about the store, which may carry a value read from it.
+        self.snap, self.note = neutralised(snap), note
+        self.error = None if error is None else terminal_safe(error)
 
     def parts(self, width: int) -> list[RenderableType]:
         snap = self.snap
