@@ -190,7 +190,9 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         print_table(["source", "to", "reason"], [(r["source"], r["to"], r["reason"]) for r in report.replayed])
         print(f"{'would replay' if args.dry_run else 'replayed'} {len(report.replayed)} dead letters; skipped "
               f"{report.already} replayed before, {report.filtered} not matching the filters, "
-              f"{report.unroutable} without a source topic, {report.truncated} kept truncated (too big to replay)")
+              f"{report.unroutable} without a source topic, {report.truncated} kept truncated (too big to replay), "
+              f"{report.foreign} naming a topic that is not the pipeline's, "
+              f"{report.refused} the container decoder still refuses")
         return 0
     letters = asyncio.run(read_dead_letters(settings.kafka_client_kwargs(), settings.topic(DLQ_TOPIC), args.limit,
                                             settings.topic(LEDGER_TOPIC)))

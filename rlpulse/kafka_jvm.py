@@ -36,7 +36,7 @@ STOP_TIMEOUT = 30.0
 # Per JVM: a cluster's three nodes fit a small machine beside the pipeline.
 JVM_OPTS = ["-Xmx512m", "-Xms256m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true"]
 # What a Kafka JVM (the broker, its storage and admin tools) gets of the user's environment: an
-# allowlist. The user's shell may hold passwords (RLPULSE_KAFKA_PASSWORD, cloud keys, tokens) that
+# allowlist. The user's shell may hold passwords (the Kafka client's, cloud keys, tokens) that
 # a broker has no use for and would keep for its lifetime; COLUMNS is left out because the storage
 # tool chokes on it.
 JVM_ENV_ALLOWED = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "JAVA_HOME"})

@@ -28,7 +28,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from rlpulse.schemas.settings import Settings
-from rlpulse.schemas.catalogue import DLQ_TOPIC
+from rlpulse.schemas.catalogue import DLQ_TOPIC, SINK_TOPICS
+from rlpulse.schemas.codec import DecodeError
+from rlpulse.schemas.limits import Limits, check_container
 from rlpulse.schemas.topics import read_topic, replication_for, topic_partitions
 
 REASON = "rlpulse.reason"
@@ -136,6 +138,12 @@ class ReplayReport:
     filtered: int = 0  # not matching --topic / --reason
     unroutable: int = 0  # no source topic in the headers: nowhere to send it
     truncated: int = 0  # kept truncated (the original was too big for the broker): not replayable
+    # A source topic that is not one of this pipeline's (anyone can write to the dead-letter topic):
+    # a replay sends only to the topics the sink reads, never where a letter's header says.
+    foreign: int = 0
+    # Refused by the one bounded container decoder (rlpulse.schemas.limits): not a container, or over a
+    # bound. The sink would refuse it again; it stays in place, replayable if the limits change.
+    refused: int = 0
 
 
 async def _exists(kafka_kwargs: dict, topic: str) -> bool:
@@ -165,6 +173,19 @@ async def _ensure_ledger(settings: Settings) -> str:
     return topic
 
 
+def replay_targets(settings: Settings) -> frozenset[str]:
+    """The only topics a replay publishes to: those the sink reads, under this pipeline's prefix."""
+    return frozenset(settings.topic(short) for short in SINK_TOPICS)
+
+
+def _refused(value: bytes | None, limits: Limits) -> bool:
+    try:
+        check_container(value, limits)
+    except DecodeError:
+        return True
+    return False
+
+
 def _matches(headers: dict[str, str], settings: Settings, topic: str | None, reason: str | None) -> bool:
     if topic is not None and headers.get(SOURCE_TOPIC) not in (topic, settings.topic(topic)):
         return False
@@ -180,6 +201,7 @@ async def replay_dead_letters(settings: Settings, topic: str | None = None, reas
     ledger = await _ensure_ledger(settings)
     done = {m.key.decode() for m in await read_topic(kafka, ledger) if m.key is not None and m.value is not None}
     report = ReplayReport()
+    targets, limits = replay_targets(settings), Limits()
     consumer = AIOKafkaConsumer(group_id=replay_group(settings), enable_auto_commit=False, **kafka)
     producer = AIOKafkaProducer(acks="all", enable_idempotence=True, **kafka)
     await consumer.start()
@@ -214,8 +236,15 @@ async def replay_dead_letters(settings: Settings, topic: str | None = None, reas
                         report.truncated += 1
                         first_left[tp] = min(first_left[tp], msg.offset)
                         continue
+                    if headers[SOURCE_TOPIC] not in targets:  # never replayable: passed, like unroutable
+                        report.foreign += 1
+                        continue
                     if not _matches(headers, settings, topic, reason):
                         report.filtered += 1
+                        first_left[tp] = min(first_left[tp], msg.offset)
+                        continue
+                    if _refused(msg.value, limits):
+                        report.refused += 1
                         first_left[tp] = min(first_left[tp], msg.offset)
                         continue
                     if dry_run:

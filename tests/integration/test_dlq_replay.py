@@ -3,7 +3,11 @@
 The cause here is a sink limit set too low (50 records a message): two containers over it are
 dead-lettered beside a piece of garbage. With the limit back at its default, a replay filtered
 by reason republishes the two (original bytes and key, to their source topics), the sink writes
-them, and the garbage stays where it is; a second replay sends nothing.
+them, and the garbage stays where it is; a second replay sends nothing. A replay with no filter
+leaves the garbage too: the container decoder refuses it, so the sink would only refuse it again.
+
+Anyone can write to the dead-letter topic: a letter naming a topic that is not one the sink reads
+(here one under the pipeline's own prefix) is never sent there (issue 18, finding 12).
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ import subprocess
 import sys
 
 import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rlpulse.pipeline import settings_env
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics, read_topic
-from rlpulse.sinks.dlq import REPLAY_OF, replay_group
+from rlpulse.sinks.dlq import REASON as REASON_HEADER
+from rlpulse.sinks.dlq import REPLAY_OF, SOURCE_TOPIC, replay_group
 from rlpulse.sinks.sink import Limits
 # Siblings by their own names: pytest puts tests/integration on sys.path (no __init__.py there).
 from test_sink_avro import CODEC, PROJECT, RUN, publish, run_sink, span, step
@@ -78,7 +85,35 @@ def test_replay_republishes_what_matches_once_and_the_sink_writes_it(settings: S
     assert (found["spans"], found["steps"]) == (70, 65)  # events sent, once each
     assert end_offsets(settings, "dlq") == 3
 
-    out = rlpulse(settings, "dlq", "replay")  # no filters: the garbage too (the sink will refuse it again)
-    assert "replayed 1 dead letters; skipped 2 replayed before, 0 not matching the filters" in out
+    out = rlpulse(settings, "dlq", "replay")  # no filters: the garbage stays (the decoder refuses it)
+    assert "replayed 0 dead letters; skipped 2 replayed before, 0 not matching the filters" in out
+    assert "1 the container decoder still refuses" in out
     _, committed = offsets(settings, replay_group(settings), ("dlq",))
-    assert list(committed.values()) == [3]
+    assert list(committed.values()) == [garbage_at]
+
+
+async def forge_letter(settings: Settings, source: str, value: bytes) -> None:
+    """What a hostile writer can do: a dead letter of its own, naming any topic."""
+    admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(source, 1, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(**settings.kafka_client_kwargs())
+    await producer.start()
+    try:
+        await producer.send_and_wait(settings.topic("dlq"), value=value,
+                                     headers=[(SOURCE_TOPIC, source.encode()), (REASON_HEADER, b"forged")])
+    finally:
+        await producer.stop()
+
+
+def test_replay_sends_only_to_the_pipelines_own_topics(settings: Settings) -> None:
+    ensure_topics(settings)
+    victim = settings.topic("victim")  # the pipeline's prefix, but no topic the sink reads
+    valid = CODEC.encode("Span", [span(i) for i in range(3)])  # a letter the decoder accepts
+    asyncio.run(forge_letter(settings, victim, valid))
+    out = rlpulse(settings, "dlq", "replay")
+    assert "replayed 0 dead letters" in out and "1 naming a topic that is not the pipeline's" in out
+    assert end_offsets(settings, "victim") == 0 and end_offsets(settings, "spans") == 0

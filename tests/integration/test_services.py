@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rlpulse import kafka_jvm, services
+from rlpulse.schemas import env as envvars
 from rlpulse.schemas.settings import Settings
 
 pytestmark = [
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 # In the environment of `services up`; the broker it starts must not inherit it (issue 18, finding 12).
-SHELL_SECRET = ("RLPULSE_KAFKA_PASSWORD", "a-shell-secret-the-broker-must-not-hold")
+SHELL_SECRET = (envvars.KAFKA_SASL_PASSWORD, "a-shell-secret-the-broker-must-not-hold")
 
 
 def cli(home: Path, action: str) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,7 @@ def test_only_the_allowlisted_names_pass() -> None:
         "PATH": "/usr/bin",
         "JAVA_HOME": "/usr/lib/jvm/java-17",
         "LANG": "C.UTF-8",
-        "RLPULSE_KAFKA_PASSWORD": "hunter2",
+        "RLPULSE_KAFKA_SASL_PASSWORD": "hunter2",
         "RLPULSE_CLICKHOUSE_URL": "http://u:pw@h:8123/rlpulse",
         "AWS_SECRET_ACCESS_KEY": "k",
         "HF_TOKEN": "t",
