@@ -250,6 +250,7 @@ def decode_block(Node node, const unsigned char[:] block, long long count):
     out = []
     for i in range(count):
         out.append(read(node, block, &pos))
-    if pos != block.shape[0]:
-        raise BlockDecodeError(f"{block.shape[0] - pos} bytes left over in an Avro block")
+    # Bytes after the block's stated records are ignored, as fastavro (the streams' other path),
+    # ClickHouse (the sink's insert) and Java's reader do: refusing them here alone made the streams
+    # skip a message whose rows the sink had inserted (found by test_garbage_writer).
     return out

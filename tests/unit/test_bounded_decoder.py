@@ -274,3 +274,22 @@ def test_fuzzed_containers_are_checked_within_bounds_or_refused_with_a_reason(da
         except DecodeError as exc:
             assert "does not resolve" in str(exc) or "no value" in str(exc), exc
     assert time.perf_counter() - started < 2.0  # a bound on hangs, not a speed figure
+
+
+@pytest.mark.parametrize("codec", ["null", "deflate"])
+def test_bytes_after_a_blocks_records_are_ignored_by_the_sink_and_both_streams_paths_alike(codec: str) -> None:
+    """A block holding more than its count says: the sink's check passes it (ClickHouse inserts the
+    count's records) and the streams decode the same records, on the C path (null codec) and fastavro's
+    (deflate): never rows in the raw tables that no figure counts."""
+    body = record_bytes(SPAN, span(1)) + record_bytes(SPAN, span(2)) + b"\x00" * 7
+    if codec == "deflate":
+        z = zlib.compressobj(9, zlib.DEFLATED, -15)
+        body = z.compress(body) + z.flush()
+    data = container(SPAN, [(1, body)], codec)
+    msg = SimpleNamespace(topic="t.spans", partition=0, offset=7, key=None, value=data)
+    plans = Plans({"spans": {"project": "String", "run_id": "String", "sequence_id": "Int64"}})
+    table, entry = check_message(msg, {"t.spans": "spans"}, plans, Limits())
+    assert (table, entry.records) == ("spans", 1)
+    inputs = Inputs(Codec())
+    assert [r["sequence_id"] for r in inputs.decode("spans", data, "t.spans[0]@7")] == [1]
+    assert inputs.skipped == 0
