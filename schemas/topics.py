@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -125,19 +126,26 @@ async def read_topic(kafka_kwargs: dict[str, Any], topic: str, last: int | None 
     return messages
 
 
-async def partition_counts_async(settings: Settings, shorts: tuple[str, ...]) -> dict[str, int]:
-    """Partition count of each topic (0 when it does not exist)."""
+async def partition_counts_async(settings: Settings, shorts: tuple[str, ...], settle_s: float = 0.0) -> dict[str, int]:
+    """Partition count of each topic (0 when it does not exist). With ``settle_s``, a topic not seen
+    yet is asked for again for up to that long: a broker's metadata lags the topics just created
+    (on a broker started moments before, by seconds)."""
     consumer = AIOKafkaConsumer(**settings.kafka_client_kwargs())
     await consumer.start()
+    deadline = time.monotonic() + settle_s
     try:
-        return {settings.topic(s): len(await topic_partitions(consumer, settings.topic(s))) for s in shorts}
+        while True:
+            counts = {settings.topic(s): len(await topic_partitions(consumer, settings.topic(s))) for s in shorts}
+            if all(counts.values()) or time.monotonic() >= deadline:
+                return counts
+            await asyncio.sleep(0.25)
     finally:
         await consumer.stop()
 
 
 def check_copartitioned(settings: Settings, shorts: tuple[str, ...]) -> None:
     """Raise PartitionMismatch naming the topics when ``shorts`` do not all have ``settings.partitions``."""
-    counts = asyncio.run(partition_counts_async(settings, shorts))
+    counts = asyncio.run(partition_counts_async(settings, shorts, settle_s=15.0))  # called right after ensure_topics
     wrong = {t: n for t, n in counts.items() if n != settings.partitions}
     if wrong:
         listing = ", ".join(f"{t} has {n}" for t, n in sorted(counts.items()))
