@@ -24,7 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from rlpulse.schemas.settings import Settings
-from rlpulse.schemas.topics import topic_partitions
+from rlpulse.schemas.topics import topics_partitions
 
 
 # -- process memory ---------------------------------------------------------------------------
@@ -105,7 +105,7 @@ class OffsetWatcher:
         self.admin = AIOKafkaAdminClient(**self.kafka)
         await self.consumer.start()
         await self.admin.start()
-        self.tps = [tp for t in self.topics for tp in await topic_partitions(self.consumer, t)]
+        self.tps = await topics_partitions(self.consumer, self.topics)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

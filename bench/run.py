@@ -41,6 +41,7 @@ from rlpulse.progress import Ticker  # noqa: E402
 from rlpulse.schemas.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
+MANY_TOPICS = 500  # a broker holding more is said to (see broker_topics)
 SDK_KEYS = ("sdk_call_ns_median", "sdk_call_ns_p99", "sdk_floor_ns_median", "producer_events_per_s",
             "sdk_call_ns_median_broker_down", "sdk_call_ns_p99_broker_down")
 
@@ -56,6 +57,7 @@ TABLE = [
     ("producer_ceiling_events_per_s", "ProducerPerformance ceiling", "events/s", ""),
     ("producer_over_ceiling", "  SDK producer / ceiling", "x", ""),
     ("consumer_ceiling_events_per_s", "ConsumerPerformance ceiling", "events/s", ""),
+    ("broker_topics", "topics on the broker at the start", "", ""),
     ("e2e_events_per_s", "backlog drain, streams + sink", "events/s", ">= 50000"),
     ("e2e_events_per_s_reps", "  each drain (median above)", "events/s", ""),
     ("e2e_over_consumer_ceiling", "  drain / consumer ceiling", "x", ""),
@@ -129,6 +131,26 @@ def _git_commit() -> str | None:
     return run.stdout.strip() or None
 
 
+def broker_topics(settings: Settings) -> int | None:
+    """How many topics the broker holds: every client's metadata fetch carries them all, so start-up
+    and latency on a broker holding thousands (a test suite's leftovers) are not comparable with a
+    fresh one's. None when it cannot be listed."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def count() -> int:
+        admin = AIOKafkaAdminClient(**settings.kafka_client_kwargs())
+        await admin.start()
+        try:
+            return len(await admin.list_topics())
+        finally:
+            await admin.close()
+
+    try:
+        return asyncio.run(count())
+    except Exception:  # a figure beside the others, never a reason not to measure
+        return None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="make bench", description=__doc__.split("\n\n")[0])
     add_arguments(p)
@@ -150,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
                                "git_commit": _git_commit(), "cpus": os.cpu_count(), "python": platform.python_version(),
                                "kafka_bootstrap": settings.kafka_bootstrap,
-                               "kafka_security_protocol": settings.kafka_security_protocol, "errors": {}}
+                               "kafka_security_protocol": settings.kafka_security_protocol,
+                               "broker_topics": broker_topics(settings), "errors": {}}
+    if (results["broker_topics"] or 0) > MANY_TOPICS:
+        _say(f"make bench: the broker holds {results['broker_topics']:,} topics; start-up and latency are slower than on "
+             "a fresh broker's (compare runs on brokers holding alike)")
     results.update({k: None for k in SDK_KEYS})
     if not args.skip_sdk:
         sdk = sdk_figures(settings, repetitions=1 if args.quick else REPS)

@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaError
 
 from rlpulse.schemas.files import PRIVATE_UMASK, private_dir, private_file
 from rlpulse.schemas.settings import Settings
-from rlpulse.schemas.topics import topic_partitions
+from rlpulse.schemas.topics import topics_partitions
 
 from rlpulse.schemas.catalogue import RAW_TOPICS, sink_topics
 
@@ -44,7 +44,7 @@ async def offsets_async(settings: Settings, group: str,
     await admin.start()
     try:
         topics = [settings.topic(s) for s in shorts]
-        tps = [tp for t in topics for tp in await topic_partitions(consumer, t)]
+        tps = await topics_partitions(consumer, topics)
         if len(tps) < len(topics):
             raise RuntimeError(f"topics missing on {settings.kafka_bootstrap}: {sorted(set(topics) - {tp.topic for tp in tps})}")
         end = await consumer.end_offsets(tps) if tps else {}
@@ -91,7 +91,7 @@ async def rewind_async(settings: Settings, group: str, shorts: tuple[str, ...]) 
     consumer = AIOKafkaConsumer(group_id=group, enable_auto_commit=False, **settings.kafka_client_kwargs())
     await consumer.start()
     try:
-        tps = [tp for s in shorts for tp in await topic_partitions(consumer, settings.topic(s))]
+        tps = await topics_partitions(consumer, [settings.topic(s) for s in shorts])
         consumer.assign(tps)
         await consumer.commit({tp: 0 for tp in tps})
     finally:

@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.catalogue import DLQ_TOPIC, sink_topics
 from rlpulse.schemas.codec import DecodeError
-from rlpulse.schemas.topics import topic_partitions
+from rlpulse.schemas.topics import topics_partitions
 from rlpulse.sinks.avro_sql import Plans
 from rlpulse.sinks.checkpoint import Checkpoint, Policy
 from rlpulse.sinks.clickhouse import Store, table_columns
@@ -244,8 +244,7 @@ class ClickHouseSink:
         try:
             # Subscribing before the topics' metadata has reached this client (a topic created moments
             # ago) joins the group with no partitions, and aiokafka would only look again minutes later.
-            for topic in self._topics:
-                await topic_partitions(consumer, topic)
+            await topics_partitions(consumer, self._topics)
             consumer.subscribe(list(self._topics), listener=_CheckpointOnRevoke(self))
             log.info("sink consuming %s into %s (database %s)", ", ".join(sorted(self._topics)), self.store.url,
                      self.store.database)
@@ -325,7 +324,7 @@ async def drain(settings: Settings, store: Store, policy: Policy | None = None, 
     probe = AIOKafkaConsumer(**settings.kafka_client_kwargs())
     await probe.start()
     try:
-        tps = [tp for short in sink_topics(settings.sink_raw) for tp in await topic_partitions(probe, settings.topic(short))]
+        tps = await topics_partitions(probe, [settings.topic(short) for short in sink_topics(settings.sink_raw)])
         end = {tp: off for tp, off in (await probe.end_offsets(tps)).items() if off > 0}
     finally:
         await probe.stop()

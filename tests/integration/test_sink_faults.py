@@ -27,7 +27,7 @@ from rlpulse.pipeline import settings_env
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.catalogue import SINK_TOPICS, TABLES
 from rlpulse.schemas.faults import Faults
-from rlpulse.schemas.topics import ensure_topics, topic_partitions
+from rlpulse.schemas.topics import ensure_topics, topics_partitions
 from rlpulse.sinks.clickhouse import open_store
 from rlpulse.sinks.dlq import read_dead_letters
 # The sibling module by its own name: pytest puts tests/integration on sys.path (no __init__.py there).
@@ -55,7 +55,7 @@ async def _offsets(settings: Settings, group: str, shorts: tuple[str, ...]) -> t
     await consumer.start()
     await admin.start()
     try:
-        tps = [tp for s in shorts for tp in await topic_partitions(consumer, settings.topic(s))]
+        tps = await topics_partitions(consumer, [settings.topic(s) for s in shorts])
         end = await consumer.end_offsets(tps)
         committed = await admin.list_consumer_group_offsets(group)
         return dict(end), {tp: max(committed[tp].offset, 0) if tp in committed else 0 for tp in tps}
