@@ -127,7 +127,7 @@ def span_record(project: str, run_id: str, writer: Writer, *, kind: str, time_ns
         "status_message": outcome if failed else "", "rollout_id": rollout_id, "attempt_id": "", "step": step,
         "attributes": {}, "term": None, "outcome": None, "score": None, "judge_input_tokens": None,
         "judge_output_tokens": None, "reward": None, "term_shares": {}, "completion_tokens": None,
-        "max_tokens": None, "clipped": None, "sample_id": None,
+        "max_tokens": None, "clipped": None, "sample_id": None, "policy_version": None, "finish_reason": None,
     })
     record.update(typed)
     return record
@@ -137,7 +137,8 @@ def step_record(project: str, run_id: str, writer: Writer, *, type_: str, time_n
                 step_count: int) -> dict[str, Any]:
     record = _base(project, run_id, time_ns, writer, "steps")
     record.update({"type": type_, "trainer": "rl", "step": step, "step_count": step_count, "tokens": 0, "spans_sent": 0,
-                   "duration_s": 0.0, "throughput": 0.0, "mfu": None, "dropped_events": 0})
+                   "duration_s": 0.0, "throughput": 0.0, "mfu": None, "dropped_events": 0, "metrics": {},
+                   "status": "finished" if type_ == "RUN_END" else None})
     if type_ == "STEP":
         record.update(tokens=100_000, duration_s=20.0, throughput=5000.0, mfu=0.4)
     return record

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from rlpulse.producers.process import run_status
+
 
 class SyncTelemetry(Protocol):
     """The calls of ``TrainingTelemetry`` the async face forwards."""
@@ -33,6 +35,8 @@ class SyncTelemetry(Protocol):
 
     def step_completed(self, *args: Any, **kwargs: Any) -> None: ...
 
+    def log(self, step: int, metrics: Any) -> None: ...
+
     def heartbeat(self) -> None: ...
 
     def publish_span(self, span: Any) -> bool: ...
@@ -41,7 +45,7 @@ class SyncTelemetry(Protocol):
 
     def flush(self, timeout: float = 30.0) -> int: ...
 
-    def close(self, timeout: float = 30.0) -> int: ...
+    def close(self, timeout: float = 30.0, status: str = "finished") -> int: ...
 
     def span_exporter(self) -> Any: ...
 
@@ -56,8 +60,8 @@ class AsyncTelemetry:
         self.sync.start()
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        await self.close(status=run_status(exc_type))
 
     async def rollout(self, **kwargs: Any) -> None:
         self.sync.rollout(**kwargs)
@@ -67,6 +71,9 @@ class AsyncTelemetry:
 
     async def step_completed(self, **kwargs: Any) -> None:
         self.sync.step_completed(**kwargs)
+
+    async def log(self, step: int, metrics: Any) -> None:
+        self.sync.log(step, metrics)
 
     async def heartbeat(self) -> None:
         self.sync.heartbeat()
@@ -88,8 +95,8 @@ class AsyncTelemetry:
     async def flush(self, timeout: float = 30.0) -> int:
         return await asyncio.to_thread(self.sync.flush, timeout)
 
-    async def close(self, timeout: float = 30.0) -> int:
-        return await asyncio.to_thread(self.sync.close, timeout)
+    async def close(self, timeout: float = 30.0, status: str = "finished") -> int:
+        return await asyncio.to_thread(self.sync.close, timeout, status)
 
     def span_exporter(self) -> Any:
         """The sync object's OpenTelemetry exporter (see ``TrainingTelemetry.span_exporter``)."""

@@ -121,6 +121,8 @@ def float_map(field: str, values: Mapping[str, Any] | None, max_keys: int) -> di
     return {require_name(f"{field} key", k): require_finite(f"{field}[{k!r:.40}]", v) for k, v in values.items()}
 
 
+MAX_METRICS = 256  # a trainer's scalars in one step event (TRL logs ~40, verl ~100)
+MAX_FINISH_REASON = 64  # characters of a rollout's finish_reason (stop, length, tool_calls, ...)
 MAX_ATTRIBUTES = 128  # OpenTelemetry's default span attribute count limit: an OTel span never exceeds it
 FIELD_BYTES = 10  # what a number, a length prefix or a union branch costs in Avro, at most
 DICT_BYTES, ENTRY_BYTES = 240, 60  # a copied dict in memory, and each entry (see rlpulse.producers.queue's *_QUEUED_BYTES)

@@ -32,6 +32,7 @@ job that died silent.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
@@ -148,3 +149,14 @@ def deliver_at_exit() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_parent=_release_held, after_in_child=_after_fork_in_child)
 atexit.register(deliver_at_exit)
+
+
+def run_status(exc_type: type[BaseException] | None) -> str:
+    """RUN_END's status for a block left with ``exc_type``: none finished it; an interrupt (Ctrl-C,
+    a cancelled task, SystemExit as a scheduler's SIGTERM handler raises it) cancelled it; any
+    other exception failed it."""
+    if exc_type is None:
+        return "finished"
+    if issubclass(exc_type, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
+        return "cancelled"
+    return "failed"

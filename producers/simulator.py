@@ -32,7 +32,7 @@ class SimConfig:
     rollouts_per_sample: int = 4  # GRPO-style groups: rollouts answering the same prompt
     terms: tuple[str, ...] = ("judge", "format")
     failure_rate: float = 0.2  # share of grader calls that fail, spread over the causes below
-    cause_weights: tuple[float, ...] = (8, 5, 4, 3)  # timeout, unavailable, unreadable, ungradable
+    cause_weights: tuple[float, ...] = (8, 5, 4, 3, 2)  # timeout, unavailable, unreadable, ungradable, error
     clip_rate: float = 0.15  # share of completions truncated at MAX_TOKENS
     seed: int = 7
     stall_s: float = 0.0  # the last run stops progressing after step 0 for this long (heartbeats go on)

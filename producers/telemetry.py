@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 from rlpulse.producers import events as v
 from rlpulse.producers import process
+from rlpulse.producers.process import run_status
 from rlpulse.producers.aio import AsyncTelemetry
+from rlpulse.producers.batch import RolloutBatch
 from rlpulse.producers.delivery import Transport
 from rlpulse.producers.queue import (DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_QUEUED_BYTES, ROLLOUT_QUEUED_BYTES, SPANS,
                              STEP_QUEUED_BYTES, STEPS, Channel)
@@ -24,7 +26,7 @@ from rlpulse.producers.records import SPAN_NULLS, Records
 from rlpulse.producers.sender import DEFAULT_BUFFER_BYTES, Outgoing, Sender, SenderConfig
 from rlpulse.producers.span_fields import SPAN_ENCODED_BYTES, span_fields
 from rlpulse.schemas.catalogue import run_key
-from rlpulse.schemas.enums import GRADER_OUTCOMES, TRAINERS
+from rlpulse.schemas.enums import FINISH_TRUNCATED, GRADER_OUTCOMES, RUN_STATUSES, TRAINERS
 from rlpulse.schemas.settings import Settings
 
 if TYPE_CHECKING:  # imported when first asked for: OpenTelemetry's SDK is slow to import
@@ -62,6 +64,8 @@ class TrainingTelemetry:
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         sender_config: SenderConfig | None = None,
         transport: Transport | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ):
         self.project = v.require_name("project", project)
         self.run_id = v.require_name("run_id", run_id)
@@ -70,6 +74,10 @@ class TrainingTelemetry:
         self.attempt = attempt
         self.trainer = v.require_choice("trainer", trainer, TRAINERS)
         self.stage = v.require_name("stage", stage, allow_empty=True)
+        if type(world_size) is not int or world_size < 1 or type(rank) is not int or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be an integer in [0, world_size) and world_size a positive integer; "
+                             f"got rank={rank!r}, world_size={world_size!r}")
+        self.rank, self.world_size = rank, world_size
         self.settings = settings or Settings.load()
         self.writer_id = os.urandom(8).hex()
         self.key = run_key(self.project, self.run_id)
@@ -100,6 +108,9 @@ class TrainingTelemetry:
         self._heartbeat_thread: threading.Thread | None = None
         self._open = False
         self._forked = False  # a copy in a forked child: a worker of the run (see _after_fork_in_child)
+        # A rank other than 0 publishes spans only: no run or step events, so a step counts once
+        # however many ranks report it, and the stall detector hears one step_count.
+        self._counts_steps = rank == 0
         process.track(self)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -107,8 +118,8 @@ class TrainingTelemetry:
         self.start()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self.close(status=run_status(exc_type))
 
     def start(self) -> None:
         """Start the sender and the heartbeat timer; publish RUN_START."""
@@ -116,7 +127,7 @@ class TrainingTelemetry:
             return
         self._open = True
         self._sender.start()
-        if self._forked:  # a worker of the run, not the run: no RUN_START, no heartbeat
+        if self._forked or not self._counts_steps:  # a worker of the run, not the run: no RUN_START, no heartbeat
             return
         self._step_event("RUN_START")
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="rlpulse-heartbeat", daemon=True)
@@ -126,14 +137,17 @@ class TrainingTelemetry:
         """Deliver everything buffered; returns how many events are still undelivered."""
         return self._sender.flush(timeout)
 
-    def close(self, timeout: float = 30.0) -> int:
-        """Publish RUN_END, deliver what is buffered, stop; returns the undelivered count."""
+    def close(self, timeout: float = 30.0, status: str = "finished") -> int:
+        """Publish RUN_END with ``status`` (finished, failed or cancelled: the context manager sets
+        it from the exception that left the block), deliver what is buffered, stop; returns the
+        undelivered count."""
         if not self._open:
             return 0
+        status = v.require_choice("status", status, RUN_STATUSES)
         self._open = False
         self._stop_heartbeat.set()
-        if not self._forked:
-            self._step_event("RUN_END")
+        if not self._forked and self._counts_steps:
+            self._step_event("RUN_END", status=status)
         undelivered = self._sender.close(timeout)
         if undelivered or self._sender.dropped:
             refused = self._sender.refused
@@ -190,10 +204,15 @@ class TrainingTelemetry:
         clipped: bool | None = None,
         duration_s: float = 0.0,
         attributes: Mapping[str, Any] | None = None,
+        policy_version: int | None = None,
+        finish_reason: str | None = None,
     ) -> None:
         """Record one rollout: its total reward, each term's weighted share and its completion length.
 
-        ``clipped`` defaults to ``completion_tokens >= max_tokens`` when both are given.
+        ``clipped`` (truncated at the length limit; not PPO's ratio clipping) defaults to
+        ``finish_reason == "length"`` when a finish reason is given, else to ``completion_tokens
+        >= max_tokens`` when both are. ``policy_version`` is the step whose weights generated it:
+        the step's staleness is ``step - policy_version``.
         """
         # All checks before any change (new terms registered last). `x - x` is NaN (truthy) for NaN
         # and infinities; ints fit Avro long (a literal bound); only non-ASCII text is encoded.
@@ -228,8 +247,15 @@ class TrainingTelemetry:
         if max_tokens is not None and (
                 type(max_tokens) is not int or max_tokens < 0 or max_tokens > 9223372036854775807):
             v.require_count("max_tokens", max_tokens)
+        if finish_reason is not None:
+            v.require_name("finish_reason", finish_reason, limit=v.MAX_FINISH_REASON)
+            size += len(finish_reason)
+        if policy_version is not None and (type(policy_version) is not int or not 0 <= policy_version <= 9223372036854775807):
+            v.require_step("policy_version", policy_version)
         if clipped is None:
-            if completion_tokens is not None and max_tokens is not None:
+            if finish_reason is not None:
+                clipped = finish_reason == FINISH_TRUNCATED
+            elif completion_tokens is not None and max_tokens is not None:
                 clipped = completion_tokens >= max_tokens
         elif type(clipped) is not bool:
             raise ValueError(f"clipped must be True, False or None, got {clipped!r}")
@@ -248,7 +274,12 @@ class TrainingTelemetry:
         if fresh:
             self._register_terms(fresh)
         self._put(SPANS, self._rollout_channel, (self._clock(), step, rollout_id, reward, shares, completion_tokens,
-                                                  max_tokens, clipped, sample_id, duration_s, attributes), size)
+                                                  max_tokens, clipped, sample_id, duration_s, attributes, policy_version,
+                                                  finish_reason), size)
+
+    def rollouts(self, step: int, policy_version: int | None = None) -> RolloutBatch:
+        """A batch of ``step``'s rollouts given a reward term at a time (``rlpulse.producers.batch``)."""
+        return RolloutBatch(self, v.require_step("step", step), policy_version)
 
     def grader(
         self,
@@ -256,12 +287,19 @@ class TrainingTelemetry:
         rollout_id: str,
         term: str,
         outcome: str,
-        duration_s: float,
+        duration_s: float | None = None,
         score: float | None = None,
         input_tokens: int | None = None,
         output_tokens: int | None = None,
+        start_ns: int | None = None,
+        end_ns: int | None = None,
     ) -> None:
-        """Record one score of one reward term; ``outcome`` is ok or the failure cause."""
+        """Record one score of one reward term; ``outcome`` is ok or the failure cause (``error``:
+        the grader raised). A failed score is stored as null whatever ``score`` says.
+
+        The span's time is the grading's own: ``end_ns`` (ns since the epoch; default now) and
+        ``start_ns`` (default ``end_ns - duration_s``). Windows count it at its end.
+        """
         # As in rollout(): every check first, a new term registered last
         if type(step) is not int or step < 0 or step > 9223372036854775807:
             v.require_step("step", step)
@@ -272,8 +310,15 @@ class TrainingTelemetry:
             v.require_name("term", term)
         if type(outcome) is not str or outcome not in GRADER_OUTCOMES:
             v.require_choice("outcome", outcome, GRADER_OUTCOMES)
-        if type(duration_s) is not float or not 0.0 <= duration_s <= 1e9:  # MAX_DURATION_S, a literal: no lookup
+        if duration_s is not None and (type(duration_s) is not float or not 0.0 <= duration_s <= 1e9):  # MAX_DURATION_S
             duration_s = v.require_duration("duration_s", duration_s)
+        end = self._clock() if end_ns is None else v.require_long("end_ns", end_ns, minimum=0)
+        if start_ns is not None:
+            start = v.require_long("start_ns", start_ns, minimum=0)
+            if start > end:
+                raise ValueError(f"start_ns {start} is after end_ns {end}")
+        else:
+            start = end - int((duration_s or 0.0) * 1e9)
         if score is not None and (type(score) is not float or score - score):
             score = v.optional_finite("score", score)
         if input_tokens is not None and (
@@ -291,17 +336,31 @@ class TrainingTelemetry:
         self._put(
             SPANS,
             self._grader_channel,
-            (self._clock(), step, rollout_id, term, outcome, duration_s, score, input_tokens, output_tokens),
+            (start, end, step, rollout_id, term, outcome, score, input_tokens, output_tokens),
             size,
         )
 
-    def step_completed(self, step: int, tokens: int = 0, duration_s: float = 0.0, mfu: float | None = None) -> None:
-        """Record a completed step; ``step_count`` goes up by one (a repeated step after a restore counts again)."""
+    def step_completed(self, step: int, tokens: int = 0, duration_s: float = 0.0, mfu: float | None = None,
+                       metrics: Mapping[str, float] | None = None) -> None:
+        """Record a completed step; ``step_count`` goes up by one (a repeated step after a restore
+        counts again). ``metrics``: the trainer's own scalars of the step (loss, kl, grad_norm,
+        ``clip_ratio/*``), at most MAX_METRICS names of at most MAX_NAME characters, finite values.
+        On a rank other than 0 this does nothing: rank 0 counts the run's steps."""
         v.require_step("step", step)  # every check before step_count changes
         v.require_step("tokens", tokens)
         duration_s = v.require_duration("duration_s", duration_s)
         mfu = v.optional_finite("mfu", mfu, minimum=0.0)
-        self._step_event("STEP", step, tokens, duration_s, mfu, completed=1)
+        checked = v.float_map("metrics", metrics, v.MAX_METRICS)
+        if self._counts_steps:
+            self._step_event("STEP", step, tokens, duration_s, mfu, completed=1, metrics=checked)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Record the trainer's scalars of ``step`` without completing it (a METRICS event); the
+        same limits as ``step_completed``'s ``metrics``. On a rank other than 0 this does nothing."""
+        v.require_step("step", step)
+        checked = v.float_map("metrics", metrics, v.MAX_METRICS)
+        if checked and self._counts_steps:
+            self._step_event("METRICS", step, metrics=checked)
 
     def heartbeat(self) -> None:
         """Publish the current ``step_count`` now (the background timer calls this)."""
@@ -347,9 +406,8 @@ class TrainingTelemetry:
                 )
             self._terms.update(new)
 
-    def _step_event(
-        self, type_: str, step: int = -1, tokens: int = 0, duration_s: float = 0.0, mfu: float | None = None, completed: int = 0
-    ) -> None:
+    def _step_event(self, type_: str, step: int = -1, tokens: int = 0, duration_s: float = 0.0, mfu: float | None = None,
+                    completed: int = 0, metrics: dict[str, float] = _NO_SHARES, status: str | None = None) -> None:
         with self._step_lock:  # so step_count and the sequence id rise together across threads
             self.step_count += completed
             # RUN_END says how many spans this writer numbered, so the streams can close the run as
@@ -358,8 +416,8 @@ class TrainingTelemetry:
             self._put(
                 STEPS,
                 self._step_channel,
-                (self._clock(), type_, step, self.step_count, tokens, duration_s, mfu, spans_sent),
-                STEP_QUEUED_BYTES,
+                (self._clock(), type_, step, self.step_count, tokens, duration_s, mfu, spans_sent, metrics, status),
+                STEP_QUEUED_BYTES + (DICT_QUEUED_BYTES + sum(map(len, metrics)) + ENTRY_BYTES * len(metrics) if metrics else 0),
             )
 
     # -- process life (called by rlpulse.producers.process) ------------------------------------------

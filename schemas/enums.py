@@ -31,6 +31,8 @@ def _enum(record: str, field: str) -> dict[str, Any]:
     for f in schema["fields"]:
         if f["name"] == field:
             kind = f["type"]
+            if isinstance(kind, list):  # a nullable enum: ["null", {"type": "enum", ...}]
+                kind = next((b for b in kind if isinstance(b, dict)), None)
             if isinstance(kind, dict) and kind.get("type") == "enum":
                 return {"symbols": tuple(kind["symbols"]), "default": kind.get("default")}
             raise ValueError(f"{record}.{field} is not an enum")
@@ -46,5 +48,11 @@ SPAN_KIND_DEFAULT: str = enum_default("Span", "kind")  # CUSTOM
 TRAINERS: tuple[str, ...] = tuple(s for s in enum_symbols("Step", "trainer") if s != enum_default("Step", "trainer"))
 
 # A GRADER span's outcome (the Span schema's string field ``outcome``): ok, or the failure cause (seed 001).
-GRADER_OUTCOMES: tuple[str, ...] = ("ok", "timeout", "unavailable", "unreadable", "ungradable")
+# ``error``: the grader raised (added after the seed's four; an older streams counts it as ``unknown``).
+GRADER_OUTCOMES: tuple[str, ...] = ("ok", "timeout", "unavailable", "unreadable", "ungradable", "error")
 FAILURE_CAUSES: tuple[str, ...] = GRADER_OUTCOMES[1:]
+
+# How a run ended (RUN_END's ``status``), less the default ("unknown": a newer writer's symbol).
+RUN_STATUSES: tuple[str, ...] = tuple(s for s in enum_symbols("Step", "status") if s != enum_default("Step", "status"))
+# A rollout's ``finish_reason`` that means it was truncated at the length limit (TRL, vLLM, OpenAI).
+FINISH_TRUNCATED = "length"

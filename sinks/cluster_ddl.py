@@ -28,6 +28,7 @@ _CREATE = re.compile(r"^CREATE TABLE (IF NOT EXISTS )?(\w+)\.(\w+) (\(.*\))\s*EN
                      re.DOTALL)
 _ALTER = re.compile(r"^ALTER TABLE (\w+)\.(\w+)\s+(.*)$", re.DOTALL)
 _INSERT = re.compile(r"^INSERT INTO (\w+)\.(\w+) (\([^)]*\))\s*(SELECT .*)$", re.DOTALL)
+_VIEW = re.compile(r"^CREATE VIEW (IF NOT EXISTS )?(\w+)\.(\w+) AS\s+(SELECT .*)$", re.DOTALL)
 _DROP = re.compile(r"^DROP TABLE (IF EXISTS )?(\w+)\.(\w+)$")
 _RENAME = re.compile(r"^RENAME TABLE (\w+)\.(\w+) TO (\w+)\.(\w+)$")
 _EXCHANGE = re.compile(r"^EXCHANGE TABLES (\w+)\.(\w+) AND (\w+)\.(\w+)$")
@@ -97,6 +98,10 @@ def cluster_statements(statement: str, cluster: str) -> list[str]:
         if added:
             out.append(f"ALTER TABLE {db}.{table} ON CLUSTER {cluster} " + ", ".join(added))
         return out
+    if m := _VIEW.match(s):
+        exists, db, view, select = m.groups()
+        # A plain view on every node reads the Distributed tables its SELECT names: every shard's rows.
+        return [f"CREATE VIEW {exists or ''}{db}.{view} ON CLUSTER {cluster} AS {select}"]
     if m := _INSERT.match(s):
         db, table, columns, select = m.groups()
         # Into the Distributed table, written through to the shards before the statement returns,

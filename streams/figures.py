@@ -26,7 +26,7 @@ class StepFigures:
 
     __slots__ = ("rollouts", "clipped", "reward_sum", "reward_sumsq", "completions", "completion_sum",
                  "completion_min", "completion_max", "hist", "lengths", "samples", "samples_dropped",
-                 "terms_dropped", "end_ns", "last_ns", "closed", "dirty", "_dicts")
+                 "terms_dropped", "end_ns", "last_ns", "closed", "dirty", "stale_n", "stale_sum", "stale_max", "_dicts")
 
     def __init__(self) -> None:
         self.rollouts = self.clipped = self.completions = self.completion_sum = 0
@@ -37,6 +37,9 @@ class StepFigures:
         self.lengths = ExpHistogram()
         self.samples: dict[str, list] = {}  # sample_id -> [n, min, max, sum, sum of squares]
         self.samples_dropped = self.terms_dropped = 0
+        # staleness (step - policy_version) of the rollouts that name the policy that generated them
+        self.stale_n = self.stale_sum = 0
+        self.stale_max: int | None = None
         self.end_ns: int | None = None  # event time the step ended: its STEP event, or a later step's first rollout
         self.last_ns = 0  # event time of its latest rollout: when an alert about the step was first seen
         self.closed = False  # emitted as complete (the alert rules have seen it)
@@ -62,6 +65,9 @@ class StepFigures:
         tokens = span.get("completion_tokens")
         if tokens is not None and tokens < 0:
             return f"completion_tokens {tokens} is negative"
+        version = span.get("policy_version")
+        if version is not None and version < 0:  # the SDK's bound; keeps step - version an Avro long
+            return f"policy_version {version} is negative"
         return None
 
     def add(self, span: dict[str, Any]) -> None:
@@ -89,6 +95,13 @@ class StepFigures:
             self.completion_min = tokens if self.completion_min is None else min(self.completion_min, tokens)
             self.completion_max = tokens if self.completion_max is None else max(self.completion_max, tokens)
             self.lengths.add(tokens)
+        version = span.get("policy_version")
+        if version is not None:
+            stale = span["step"] - version
+            self.stale_n += 1
+            self.stale_sum += stale
+            if self.stale_max is None or stale > self.stale_max:
+                self.stale_max = stale
         sample = span.get("sample_id")
         if sample is not None:
             group = self.samples.get(sample)
@@ -121,7 +134,8 @@ class StepFigures:
                 "completion_min": self.completion_min, "completion_max": self.completion_max,
                 "hist": hist, "lengths": lengths,
                 "samples": self.samples, "samples_dropped": self.samples_dropped, "terms_dropped": self.terms_dropped,
-                "end_ns": self.end_ns, "last_ns": self.last_ns, "closed": self.closed, "dirty": self.dirty}
+                "end_ns": self.end_ns, "last_ns": self.last_ns, "closed": self.closed, "dirty": self.dirty,
+                "stale": [self.stale_n, self.stale_sum, self.stale_max]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepFigures:
@@ -133,6 +147,7 @@ class StepFigures:
         f.lengths = ExpHistogram.from_dict(d["lengths"])
         f.samples = {k: list(v) for k, v in d["samples"].items()}
         f.last_ns = d.get("last_ns", 0)  # absent from state written before it existed
+        f.stale_n, f.stale_sum, f.stale_max = d.get("stale", (0, 0, None))  # likewise
         return f
 
     # -- records -----------------------------------------------------------------------------
@@ -154,6 +169,7 @@ class StepFigures:
             "completion_min": self.completion_min or 0, "completion_max": self.completion_max or 0,
             "samples": len(groups), "samples_same_reward": same,
             "sample_reward_spread_mean": sum(spreads) / len(spreads) if spreads else 0.0,
+            "staleness_max": self.stale_max, "staleness_mean": self.stale_sum / self.stale_n if self.stale_n else None,
             "complete": True, "emitted_at_ns": emitted_at_ns,
         }
 

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 # The span fields the processor reads: the decoder may skip the rest (ids, names, attributes).
 SPAN_FIELDS = frozenset({"project", "run_id", "attempt", "time_ns", "kind", "term", "outcome", "step", "start_time_ns",
                          "end_time_ns", "reward", "clipped", "completion_tokens", "term_shares", "sample_id",
-                         "sequence_id", "writer_id"})
+                         "sequence_id", "writer_id", "policy_version"})
 
 ALL_IN = 2**62  # the progress of a run whose writers have all ended and whose every event is in
 INF = float("inf")

@@ -37,6 +37,7 @@ from rlpulse.schemas.catalogue import SINK_TOPICS, TABLES
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.topics import ensure_topics, read_topic
 from rlpulse.sinks.clickhouse import open_store
+from rlpulse.schemas.enums import FAILURE_CAUSES
 from tests.fake_nvml import FakeNvml
 from tests.integration import until
 
@@ -49,7 +50,7 @@ GiB = 1 << 30
 WORKLOAD = {
     ("runA", 1): [
         {"a0": {"judge": "ok", "format": "ok"},
-         "a1": {"judge": "timeout", "format": "ok"},
+         "a1": {"judge": "timeout", "format": "error"},  # error: the grader raised
          "a2": {"judge": "timeout", "format": "unreadable"},
          "a3": {"judge": "unavailable", "format": "ungradable"}},
         {"a4": {"judge": "ok", "format": "ungradable"}},
@@ -58,7 +59,7 @@ WORKLOAD = {
         {"b0": {"judge": "timeout"}},
     ],
 }
-CAUSES = ("timeout", "unavailable", "unreadable", "ungradable")
+CAUSES = FAILURE_CAUSES  # every cause has a row per window, zero counts included
 FOUR_GPUS = ["GPU-4a", "GPU-4b", "GPU-4c", "GPU-4d"]
 UTIL = {"GPU-4a": 10, "GPU-4b": 35, "GPU-4c": 60, "GPU-4d": 95}  # percent, as NVML reports it
 POWER_W = {"GPU-4a": 110, "GPU-4b": 220, "GPU-4c": 330, "GPU-4d": 440}

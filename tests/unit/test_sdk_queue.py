@@ -159,10 +159,10 @@ def test_queued_records_are_what_the_sdk_documents():
     assert (grader["kind"], grader["outcome"], grader["score"], grader["status"], grader["status_message"]) == (
         "GRADER",
         "timeout",
-        0.0,
+        None,
         "ERROR",
         "timeout",
-    )  # a failed score counts as zero
+    )  # a failed score is no score, whatever the call said
     assert grader["start_time_ns"] == 3_000_000_000 and grader["judge_input_tokens"] == 7
     assert grader["parent_span_id"] == rollout["span_id"] and grader["trace_id"] == rollout["trace_id"]
     assert (rollout["reward"], rollout["term_shares"], rollout["clipped"], rollout["sample_id"]) == (

@@ -46,7 +46,7 @@ def test_calls_arrive_as_exactly_the_records_given():
     identity = dict(project="p", run_id="r", attempt=1, stage="rl", writer_id=writer, time_ns=NOW, end_time_ns=NOW)
     nulls = dict(parent_span_id=None, status_message="", attempt_id="", attributes={}, term=None, outcome=None, score=None,
                  judge_input_tokens=None, judge_output_tokens=None, reward=None, term_shares={}, completion_tokens=None,
-                 max_tokens=None, clipped=None, sample_id=None)
+                 max_tokens=None, clipped=None, sample_id=None, policy_version=None, finish_reason=None)
     rollout_span = span_id("r/1/a/rollout")
     expected_spans = [
         {**nulls, **identity, "sequence_id": 1, "trace_id": trace_id("r/1/a"), "span_id": rollout_span, "name": "rollout",
@@ -56,7 +56,7 @@ def test_calls_arrive_as_exactly_the_records_given():
         {**nulls, **identity, "sequence_id": 2, "trace_id": trace_id("r/1/a"), "parent_span_id": rollout_span,
          "name": "grader judge", "kind": "GRADER", "start_time_ns": NOW - 1_000_000_000, "status": "ERROR",
          "status_message": "timeout", "rollout_id": "a", "step": 3, "term": "judge", "outcome": "timeout",
-         "score": 0.0, "judge_input_tokens": 11},  # a failed grader's score counts as zero
+         "score": None, "judge_input_tokens": 11},  # a failed grader's score is no score
         {**nulls, **identity, "sequence_id": 3, "trace_id": trace_id("r/1/a"), "parent_span_id": rollout_span,
          "name": "grader format", "kind": "GRADER", "start_time_ns": NOW - 500_000_000, "status": "OK",
          "rollout_id": "a", "step": 3, "term": "format", "outcome": "ok", "score": 1.0},
@@ -66,12 +66,12 @@ def test_calls_arrive_as_exactly_the_records_given():
     assert spans == expected_spans
     step_identity = dict(project="p", run_id="r", attempt=1, stage="rl", writer_id=writer, time_ns=NOW, trainer="rl",
                          dropped_events=0)
-    none = dict(step=-1, tokens=0, duration_s=0.0, throughput=0.0, mfu=None, spans_sent=0)
+    none = dict(step=-1, tokens=0, duration_s=0.0, throughput=0.0, mfu=None, spans_sent=0, metrics={}, status=None)
     assert transport.records("steps") == [
         {**step_identity, **none, "sequence_id": 1, "type": "RUN_START", "step_count": 0},
         {**step_identity, "sequence_id": 2, "type": "STEP", "step": 3, "step_count": 1, "tokens": 4000, "duration_s": 2.0,
-         "throughput": 2000.0, "mfu": 0.25, "spans_sent": 0},
-        {**step_identity, **none, "sequence_id": 3, "type": "RUN_END", "step_count": 1, "spans_sent": 3},
+         "throughput": 2000.0, "mfu": 0.25, "spans_sent": 0, "metrics": {}, "status": None},
+        {**step_identity, **none, "sequence_id": 3, "type": "RUN_END", "step_count": 1, "spans_sent": 3, "status": "finished"},
     ]
     assert tel.delivered == 6 and tel.pending == 0 and tel.dropped == 0
 
@@ -199,7 +199,8 @@ def test_enum_names_are_the_avsc_symbols():
         "ROLLOUT", "REWARD", "LLM", "TOOL", "GRADER", "ANNOTATION", "CUSTOM")
     assert enums.SPAN_KIND_DEFAULT == span["kind"]["type"]["default"] == "CUSTOM"
     assert enums.TRAINERS == ("rl", "sft") and set(enums.TRAINERS) < set(step["trainer"]["type"]["symbols"])
-    assert enums.FAILURE_CAUSES == ("timeout", "unavailable", "unreadable", "ungradable")
+    assert enums.FAILURE_CAUSES == ("timeout", "unavailable", "unreadable", "ungradable", "error")
+    assert enums.RUN_STATUSES == ("finished", "failed", "cancelled")
     # The outcome is a string on the wire; its documentation names the same outcomes.
     assert all(o in span["outcome"]["doc"] for o in enums.GRADER_OUTCOMES)
 

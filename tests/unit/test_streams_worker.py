@@ -65,7 +65,7 @@ START = WorkerHarness().now_ns
 
 def closed(failures: int, graded: int, at_s: float) -> list[tuple[str, int, int, float]]:
     """The records of the one window (10 s from T0) closing at ``at_s``: a row per failure cause, then the window."""
-    causes = [("timeout", failures), ("unavailable", 0), ("ungradable", 0), ("unreadable", 0)]
+    causes = [("error", 0), ("timeout", failures), ("unavailable", 0), ("ungradable", 0), ("unreadable", 0)]
     return [(c, n, graded, at_s) for c, n in causes] + [("window", failures, graded, at_s)]
 
 

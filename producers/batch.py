@@ -1,0 +1,81 @@
+"""``RolloutBatch``: a step's rollouts given a reward term at a time.
+
+Trainers such as TRL call each reward function separately, over the whole batch of completions;
+``TrainingTelemetry.rollout`` wants a rollout's total reward and every term at once. A batch
+collects the terms (and each rollout's own fields) as they come and publishes one ROLLOUT span
+per rollout when it closes, so the framework's glue needs no buffering of its own::
+
+    with tel.rollouts(step=3, policy_version=3) as batch:
+        for rid, r in zip(ids, format_rewards):
+            batch.term(rid, "format", r)            # one reward function's weighted value
+        for rid, r in zip(ids, accuracy_rewards):
+            batch.term(rid, "accuracy", r)
+        for rid, n, why in zip(ids, lengths, finish_reasons):
+            batch.rollout(rid, completion_tokens=n, finish_reason=why)
+
+A rollout's reward is the one given to ``rollout(..., reward=)``, else the sum of its terms (a
+term never given, because its grader failed, is left out: TRL's ``nansum``). Every call is
+checked when the batch publishes; a block left on an exception publishes nothing and logs how
+many rollouts it held.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Rollouts(Protocol):
+    """What a batch publishes through: ``TrainingTelemetry.rollout``."""
+
+    def rollout(self, step: int, rollout_id: str, reward: float, **fields: Any) -> None: ...
+
+
+class RolloutBatch:
+    """The rollouts of one step, published together by ``publish()`` or at the end of a ``with`` block."""
+
+    def __init__(self, telemetry: Rollouts, step: int, policy_version: int | None = None):
+        self._tel, self.step, self.policy_version = telemetry, step, policy_version
+        self._terms: dict[str, dict[str, float]] = {}
+        self._fields: dict[str, dict[str, Any]] = {}
+
+    def term(self, rollout_id: str, term: str, share: float) -> None:
+        """One term's weighted share of ``rollout_id``'s reward."""
+        self._terms.setdefault(rollout_id, {})[term] = share
+        self._fields.setdefault(rollout_id, {})
+
+    def rollout(self, rollout_id: str, **fields: Any) -> None:
+        """``rollout_id``'s own fields: any keyword ``TrainingTelemetry.rollout`` takes but ``step``
+        and ``term_shares`` (``reward``, ``completion_tokens``, ``finish_reason``, ``sample_id``, ...)."""
+        for name in ("step", "rollout_id", "term_shares"):
+            if name in fields:
+                raise ValueError(f"{name} is the batch's to give, not rollout()'s")
+        self._fields.setdefault(rollout_id, {}).update(fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def publish(self) -> int:
+        """Publish one ROLLOUT span per rollout given; returns how many. The batch is empty after."""
+        fields, terms = self._fields, self._terms
+        self._fields, self._terms = {}, {}
+        for rollout_id, own in fields.items():
+            shares = terms.get(rollout_id, {})
+            reward = own.pop("reward", None)
+            if reward is None:
+                reward = float(sum(shares.values()))
+            own.setdefault("policy_version", self.policy_version)
+            self._tel.rollout(step=self.step, rollout_id=rollout_id, reward=reward, term_shares=shares, **own)
+        return len(fields)
+
+    def __enter__(self) -> RolloutBatch:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if exc_type is None:
+            self.publish()
+        elif self._fields:
+            log.warning("step %d: %d rollouts not published: the block that gathered them raised %s", self.step,
+                        len(self._fields), exc_type.__name__)
