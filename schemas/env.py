@@ -62,6 +62,8 @@ ALERT_CLIPPED_RISING_STEPS = _var("RLPULSE_ALERT_CLIPPED_RISING_STEPS", SETTINGS
                                   "the clipped ratio rising over this many steps fires")
 ALERT_REWARD_ZERO_FRACTION = _var("RLPULSE_ALERT_REWARD_ZERO_FRACTION", SETTINGS,
                                   "a step whose rewards are this often <= 0 fires")
+ALERT_STALENESS_MAX = _var("RLPULSE_ALERT_STALENESS_MAX", SETTINGS,
+                           "a step whose rollouts' staleness (step - policy_version) exceeds this fires policy_stale")
 ALERT_XID_QUIET_AFTER = _var("RLPULSE_ALERT_XID_QUIET_AFTER", SETTINGS,
                              "an XID alert resolves after this long without a new XID")
 

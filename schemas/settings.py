@@ -98,6 +98,9 @@ class AlertThresholds:
     grader_min_graded: int = 10  # a window with fewer scores than this never fires
     clipped_rising_steps: int = 3  # clipped ratio rising over this many consecutive steps fires
     reward_zero_fraction: float = 0.5  # a step whose rewards are this often <= 0 fires
+    # A step trained on rollouts generated more than this many steps before it fires (staleness =
+    # step - policy_version; synchronous trainers keep 0, asynchronous ones a bound of a few steps).
+    staleness_max: int = 4
     xid_quiet_after: float = 900.0  # an XID alert resolves after this long without a new XID
 
 
@@ -170,6 +173,7 @@ class Settings:
         envvars.ALERT_GRADER_MIN_GRADED: ("alerts.grader_min_graded", int),
         envvars.ALERT_CLIPPED_RISING_STEPS: ("alerts.clipped_rising_steps", int),
         envvars.ALERT_REWARD_ZERO_FRACTION: ("alerts.reward_zero_fraction", float),
+        envvars.ALERT_STALENESS_MAX: ("alerts.staleness_max", int),
         envvars.ALERT_XID_QUIET_AFTER: ("alerts.xid_quiet_after", parse_duration),
     }
 

@@ -32,6 +32,7 @@ SEVERITY = {
     "hw_slowdown": "warning",
     "clipped_ratio_rising": "warning",
     "reward_collapse": "warning",
+    "policy_stale": "warning",
 }
 
 
@@ -208,7 +209,7 @@ def _xid_quiet(book: AlertBook, hw_id: str, seen: dict, thresholds: AlertThresho
 
 def step_rules(book: AlertBook, state: MutableMapping[str, dict], step_stats: dict[str, Any],
                thresholds: AlertThresholds, now_ns: int, since_ns: int | None = None) -> list[dict]:
-    """Clipped-ratio-rising and reward-collapse rules for one per-step stats update.
+    """Clipped-ratio-rising, reward-collapse and policy-stale rules for one per-step stats update.
 
     ``state`` is keyed ``project/run_id/attempt`` and keeps the latest step, its clipped ratio and the
     run of increases ending there, plus the same for the step before it. A re-sent update of the
@@ -262,6 +263,19 @@ def step_rules(book: AlertBook, state: MutableMapping[str, dict], step_stats: di
             out.append(book.resolve(
                 "reward_collapse", key, now_ns=now_ns, value=float(zero),
                 summary=f"rewards <= 0 down to {zero:.0%} at step {step}"))
+
+    stale = step_stats.get("staleness_max")
+    if stale is not None:  # only rollouts that name their policy version say anything
+        bound = thresholds.staleness_max
+        if stale > bound:
+            out.append(book.fire(
+                "policy_stale", key, now_ns=now_ns, value=float(stale), threshold=float(bound),
+                summary=f"step {step} trained on rollouts {stale} steps old (at most {bound})",
+                severity=SEVERITY["policy_stale"], since_ns=since_ns, **ident))
+        else:
+            out.append(book.resolve(
+                "policy_stale", key, now_ns=now_ns, value=float(stale),
+                summary=f"rollouts of step {step} at most {stale} steps old"))
     return _emit(*out)
 
 

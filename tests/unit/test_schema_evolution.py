@@ -143,3 +143,54 @@ def test_an_older_writer_lacking_fields_the_processor_reads_takes_their_defaults
     assert h.alerts() == [("silent_run", "p/r1/1", "FIRING")]  # silent only once reports stopped for 3 s
     [run] = h.table.values()
     assert run["marks"] == {"spans|1|": 103}  # steps without a sequence (0): always applied, never marked
+
+
+# -- issue 19's additions, both ways ------------------------------------------------------------------
+BEFORE_TRAINERS_SPAN = evolved("Span", removed=("policy_version", "finish_reason"))
+BEFORE_TRAINERS_STEP = evolved("Step", removed=("metrics", "status"))
+BEFORE_TRAINERS_STEP["fields"][[f["name"] for f in BEFORE_TRAINERS_STEP["fields"]].index("type")]["type"]["symbols"].remove(
+    "METRICS")
+
+
+def test_a_writer_before_the_trainer_fields_reads_with_their_defaults(decoder):
+    spans = [span(1 + i * 0.1, "ROLLOUT", i + 1, step=0, reward=1.0, completion_tokens=10) for i in range(2)]
+    [first, _] = Codec().decode(container(BEFORE_TRAINERS_SPAN, spans)).records
+    assert (first["policy_version"], first["finish_reason"]) == (None, None)
+    [end] = Codec().decode(container(BEFORE_TRAINERS_STEP, [step(0, "RUN_END", 0, 1, trainer="rl")])).records
+    assert (end["metrics"], end["status"]) == ({}, None)
+    h = Harness(CONFIG)
+    feed(h, decoder, "spans", container(BEFORE_TRAINERS_SPAN, spans))
+    feed(h, decoder, "steps", container(BEFORE_TRAINERS_STEP, [step(2, "STEP", 1, 1, step=0, trainer="rl")]))
+    h.advance(8)
+    [stats] = h.emissions("step-stats")
+    assert (stats["rollouts"], stats["staleness_max"], stats["staleness_mean"]) == (2, None, None)
+
+
+def test_a_reader_before_the_trainer_fields_reads_a_new_writers_records():
+    """A new SDK's METRICS event, RUN_END status and rollout fields, read with the schemas of before:
+    METRICS reads as HEARTBEAT (the enum's default), the new fields are dropped."""
+    new_step = Codec().encode("Step", [step(0, "METRICS", 0, 1, trainer="rl", step=3, metrics={"loss": 0.5}),
+                                       step(1, "RUN_END", 0, 2, trainer="rl", status="failed")])
+    old = fastavro.parse_schema(copy.deepcopy(BEFORE_TRAINERS_STEP))
+    got = list(fastavro.reader(io.BytesIO(new_step), reader_schema=old))
+    assert [(r["type"], r["step"]) for r in got] == [("HEARTBEAT", 3), ("RUN_END", -1)]
+    assert all("metrics" not in r and "status" not in r for r in got)
+    new_span = Codec().encode("Span", [span(1, "ROLLOUT", 1, step=0, reward=1.0, policy_version=0, finish_reason="length",
+                                            clipped=True)])
+    [r] = fastavro.reader(io.BytesIO(new_span), reader_schema=fastavro.parse_schema(copy.deepcopy(BEFORE_TRAINERS_SPAN)))
+    assert (r["clipped"], "policy_version" in r) == (True, False)
+
+
+def test_an_older_streams_counts_the_new_error_cause_as_unknown(decoder, monkeypatch):
+    """Streams from before ``error`` existed knew four causes: the outcome still counts as a failure."""
+    import rlpulse.streams.figures as figures
+
+    monkeypatch.setattr(figures, "CAUSES", ("timeout", "unavailable", "unreadable", "ungradable"))
+    h = Harness(CONFIG)
+    graders = [span(1 + i * 0.1, "GRADER", i + 1, step=0, term="judge", outcome=o) for i, o in enumerate(["ok", "error"])]
+    feed(h, decoder, "spans", Codec().encode("Span", graders))
+    h.advance(20)
+    windows = h.latest("grader-windows")
+    assert [(w["graded"], w["failures"]) for w in windows.values()] == [(2, 1)]
+    causes = {w["cause"]: w["failures"] for w in h.latest("grader-failures").values()}
+    assert causes.get("unknown") == 1 and "error" not in causes
