@@ -219,14 +219,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="a live terminal view of the active runs (step, pace, reward, alerts, GPUs)",
         description="One line per active run, refreshed from ClickHouse: step, steps per minute, "
         "reward mean and clipped ratio of the latest step, grader failure rate, state "
-        "(RUNNING, STALLED, SILENT, ENDED); then the runs' GPUs and open alerts. A run is active "
-        "when it reported in the last 10 minutes or has an open stall or silence alert; ended "
-        "runs are dimmed. Ctrl-C quits.",
+        "(RUNNING, STALLED, SILENT; an ended run as FINISHED, FAILED or CANCELLED); then the runs' "
+        "GPUs and open alerts. A run is active when it reported in the last 10 minutes or has an open "
+        "stall or silence alert; ended runs are dimmed. Ctrl-C quits.",
     )
     p.add_argument("--interval", default="2s", help="refresh interval (500ms, 2s, 1m)")
     p.add_argument("--project", help="only this project")
     p.add_argument("--all", action="store_true", help="every run in the database, not only the active ones")
     p.add_argument("--once", action="store_true", help="print one frame and exit (scripts, tests)")
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a trainer scalar (as logged: loss, kl, clip_ratio/region_mean) shown as a column at its "
+        "latest step; repeat for several",
+    )
     _add_common(p)
     p.set_defaults(func=commands.cmd_watch)
     return parser

@@ -285,7 +285,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             logging.getLogger(name).setLevel(logging.ERROR)
     settings = settings_of(args)
     return watch(settings.clickhouse_dsn, lambda dsn: open_reader(dsn, owner="rlpulse watch"), interval,
-                 project=args.project, show_all=args.all, once=args.once)
+                 project=args.project, show_all=args.all, once=args.once, metrics=tuple(args.metric))
 
 
 def bench_options():

@@ -70,10 +70,10 @@ def run_demo(settings: Settings) -> int:
                 parameters={"p": project},
             ).result_rows
         )
-    stored = {(r[0], r[2]): r[3] for r in rows}
-    sent: dict[tuple[str, str], int] = {}
-    for (run_id, _term, cause), n in truth.failures.items():
-        sent[(run_id, cause)] = sent.get((run_id, cause), 0) + n
+    stored: dict[tuple[str, str, str], int] = {}  # (run, term, cause), over the run's attempts
+    for run_id, _attempt, term, cause, failures, *_ in rows:
+        stored[(run_id, term, cause)] = stored.get((run_id, term, cause), 0) + failures
+    sent: dict[tuple[str, str, str], int] = dict(truth.failures)
     mismatches = {k: (sent.get(k, 0), stored.get(k, 0)) for k in set(sent) | set(stored) if sent.get(k, 0) != stored.get(k, 0)}
     if mismatches:
         _say(f"MISMATCH between what was sent and ClickHouse (sent, stored): {mismatches}")
@@ -85,7 +85,7 @@ def run_demo(settings: Settings) -> int:
     _say(f"every alert the simulation should cause fired and resolved as expected ({len(truth.expected_alerts)})")
     _say(
         f"ClickHouse agrees with what the simulator sent: {sum(sent.values())} grader failures in "
-        f"{len({run for run, _ in sent})} runs, every cause accounted for"
+        f"{len({run for run, _, _ in sent})} runs, every term and cause accounted for"
     )
     _say(f"done in {time.monotonic() - started:.0f}s")
     return 0

@@ -36,15 +36,17 @@ def rows_per_table(store: Store, project: str | None) -> list[tuple[str, int]]:
 
 
 def failures_by_cause(store: Store, project: str | None) -> tuple[list[str], list[tuple]]:
-    """Per run and cause: failures and the failure rate over all graded scores of the run."""
+    """Per run, term and cause: failures and the failure rate over that term's graded scores.
+
+    Per term: over all the run's scores, a term that never fails would halve the rate of one that does."""
     db = store.database
     where, params = ("WHERE project = {project:String}", {"project": project}) if project else ("", {})
     sql = f"""
-        SELECT run_id, attempt, cause, sum(failures) AS failures,
-               sum(graded) AS graded, round(failures / graded, 4) AS failure_rate
+        SELECT run_id, attempt, term, cause, sum(failures) AS failures,
+               sum(graded) AS graded, round(if(graded = 0, 0, failures / graded), 4) AS failure_rate
         FROM {db}.grader_failures FINAL {where}
-        GROUP BY run_id, attempt, cause
-        ORDER BY run_id, attempt, cause
+        GROUP BY run_id, attempt, term, cause
+        ORDER BY run_id, attempt, term, cause
     """
     result = store.client.query(sql, parameters=params)
     return list(result.column_names), result.result_rows
@@ -60,8 +62,18 @@ def step_figures(store: Store, project: str | None) -> tuple[list[str], list[tup
     return _query(store, """
         SELECT run_id, attempt, step, rollouts, clipped, round(clipped_ratio, 3) AS clipped_ratio,
                round(reward_mean, 3) AS reward_mean, round(reward_zero_fraction, 3) AS zero_fraction,
-               round(completion_mean) AS completion_mean
+               round(completion_mean) AS completion_mean, staleness_max
         FROM {db}.step_stats FINAL {where} ORDER BY run_id, attempt, step""", project)
+
+
+def run_status(store: Store, project: str | None) -> tuple[list[str], list[tuple]]:
+    """How each attempt ended (its RUN_END status), or running while none arrived."""
+    return _query(store, """
+        SELECT run_id, attempt,
+               if(countIf(type = 'RUN_END') > 0, ifNull(argMaxIf(status, time_ns, type = 'RUN_END'), 'unknown'),
+                  'running') AS status,
+               max(step_count) AS steps
+        FROM {db}.steps FINAL {where} GROUP BY run_id, attempt ORDER BY run_id, attempt""", project)
 
 
 def reward_histograms(store: Store, project: str | None) -> list[tuple[str, list[float], list[int]]]:
@@ -95,7 +107,9 @@ def print_report(store: Store, project: str | None = None) -> None:
     scope = f"project {terminal_safe(project)}" if project else "all projects"
     print(f"\n== rows per table ({scope}) ==")
     print_table(["table", "rows"], rows_per_table(store, project))
-    print(f"\n== grader failures by cause, per run ({scope}) ==")
+    print(f"\n== how runs ended ({scope}) ==")
+    print_table(*run_status(store, project))
+    print(f"\n== grader failures by term and cause, per run ({scope}) ==")
     print_table(*failures_by_cause(store, project))
     print(f"\n== clipped ratio and reward per step ({scope}) ==")
     print_table(*step_figures(store, project))

@@ -10,7 +10,8 @@ What the view counts as an active run, and how each figure is taken:
   event: RUN_START, STEP, HEARTBEAT, RUN_END) in the last ``recent_s`` (10 min), or when a
   ``stalled_run`` or ``silent_run`` alert of it is open whatever its age (a silent run stays
   on screen until it reports again or its alert resolves). ``show_all`` shows every run.
-* State: ENDED after a RUN_END; else SILENT or STALLED while that alert is open (SILENT wins:
+* State: ENDED after a RUN_END, shown as its status (FINISHED, FAILED, CANCELLED; ENDED from an
+  SDK before the status); else SILENT or STALLED while that alert is open (SILENT wins:
   no report at all says more than no progress); else RUNNING.
 * Step: the highest ``step`` of the attempt's STEP events. Steps per minute: the rise of
   ``step_count`` over the ``rate_window_s`` (5 min) up to now, or up to its RUN_END for an
@@ -24,6 +25,8 @@ What the view counts as an active run, and how each figure is taken:
 * Open alerts: the latest record of each (rule, key) is FIRING (RESOLVED wins a tie of
   time_ns), as in the saved query ``stalled-runs``. An alert belongs to a run by its
   project/run_id/attempt, or, for GPU alerts keyed by ``hw_id``, by a GPU placed on the run.
+* Chosen trainer scalars (``--metric loss``): each one's value at the highest step that logged it
+  (``step_metrics``).
 * GPUs: those placed on the attempt (``placements`` joined on ``hw_id``), with the latest
   sample of each inside [first placement, last placement + 60 s], as the report's GPU charts.
 
@@ -76,8 +79,9 @@ def _attempts(store: Store, scope: str, now_ns: int, rate_ns: int, **params: Any
                countIf(type = 'STEP') > 0, maxIf(step, type = 'STEP'), any(asof_ns),
                maxIf(step_count, time_ns <= asof_ns),
                countIf(time_ns <= asof_ns - {{rate_ns:Int64}}) > 0,
-               maxIf(step_count, time_ns <= asof_ns - {{rate_ns:Int64}})
-        FROM (SELECT project, run_id, attempt, type, step, step_count, time_ns,
+               maxIf(step_count, time_ns <= asof_ns - {{rate_ns:Int64}}),
+               argMaxIf(status, time_ns, type = 'RUN_END')
+        FROM (SELECT project, run_id, attempt, type, step, step_count, time_ns, status,
                      if(countIf(type = 'RUN_END') OVER run > 0, minIf(time_ns, type = 'RUN_END') OVER run,
                         {{now:Int64}}) AS asof_ns
               FROM {{db}}.steps WHERE {scope}
@@ -99,6 +103,14 @@ def _step_stats(store: Store, keys: list[str]) -> dict[str, tuple[float, float]]
                argMax(reward_mean, (step, emitted_at_ns)), argMax(clipped_ratio, (step, emitted_at_ns))
         FROM {db}.step_stats WHERE k IN {keys:Array(String)} GROUP BY k""", keys=keys)
     return {r[0]: (float(r[1]), float(r[2])) for r in rows}
+
+
+def _metrics(store: Store, keys: list[str], names: tuple[str, ...]) -> list[tuple]:
+    """(run key, name, value at the highest step that logged it) of the chosen trainer scalars."""
+    return _rows(store, """
+        SELECT concat(project, '/', run_id, '/', toString(attempt)) AS k, name, argMax(value, (step, logged_ns))
+        FROM {db}.step_metrics WHERE k IN {keys:Array(String)} AND name IN {names:Array(String)}
+        GROUP BY k, name""", keys=keys, names=list(names))
 
 
 def _windows(store: Store, keys: list[str], lo_ns: int) -> list[tuple]:
@@ -137,14 +149,16 @@ def _gpus(store: Store, keys: list[str]) -> dict[str, list[Gpu]]:
 
 
 def snapshot(store: Store, now_ns: int, project: str | None = None, show_all: bool = False,
-             recent_s: float = RECENT_S, rate_window_s: float = RATE_WINDOW_S) -> WatchSnapshot:
-    """The figures of one frame, read from ``store`` as of ``now_ns`` (see the module docstring)."""
+             recent_s: float = RECENT_S, rate_window_s: float = RATE_WINDOW_S,
+             metrics: tuple[str, ...] = ()) -> WatchSnapshot:
+    """The figures of one frame, read from ``store`` as of ``now_ns`` (see the module docstring);
+    ``metrics``: trainer scalars (``step_metrics`` names) shown as columns, at their latest step."""
     rate_ns = int(rate_window_s * NS)
     since_ns = now_ns - int(recent_s * NS)
     if not _rows(store, "SELECT count() > 0 FROM system.tables WHERE database = {name:String} AND name = 'steps'",
                  name=store.database)[0][0]:  # nothing migrated yet: no run ever reached this store
         return WatchSnapshot(store.url, store.database, now_ns, [], False, show_all, project, recent_s,
-                             getattr(store, "endpoint", None))
+                             getattr(store, "endpoint", None), metrics)
     alerts = open_alerts(store, project)
     stall_rules = {"stalled_run": "STALLED", "silent_run": "SILENT"}
     stalls: dict[str, set[str]] = {}
@@ -161,14 +175,15 @@ def snapshot(store: Store, now_ns: int, project: str | None = None, show_all: bo
     for r in rows:  # ordered by attempt: the last one of a run wins
         latest[(r[0], r[1])] = r
     runs = []
-    for proj, run_id, attempt, first_ns, last_ns, ended, stepped, step, asof_ns, count, has_before, before in latest.values():
+    for (proj, run_id, attempt, first_ns, last_ns, ended, stepped, step, asof_ns, count, has_before, before,
+         status) in latest.values():
         key = f"{proj}/{run_id}/{attempt}"
         if not (show_all or last_ns >= since_ns or key in stalls):
             continue
         state = "ENDED" if ended else next((s for s in ("SILENT", "STALLED") if s in stalls.get(key, ())), "RUNNING")
         runs.append(RunLine(str(proj), str(run_id), int(attempt), state, int(step) if stepped else None, int(count),
                             _rate(first_ns, asof_ns, count, bool(has_before), before, rate_ns), None, None, None, 0,
-                            int(first_ns), int(last_ns), int(asof_ns)))
+                            int(first_ns), int(last_ns), int(asof_ns), end_status=status if ended else None))
     keys = [r.key for r in runs]
     if runs:
         stats = _step_stats(store, keys)
@@ -184,6 +199,9 @@ def snapshot(store: Store, now_ns: int, project: str | None = None, show_all: bo
         for k, (failures, graded) in totals.items():
             by_key[k].graded = graded
             by_key[k].failure_rate = failures / graded if graded else None
+        if metrics:
+            for k, name, value in _metrics(store, keys, metrics):
+                by_key[k].metrics[name] = float(value)
         for k, gpus in _gpus(store, keys).items():
             by_key[k].gpus = gpus
         for run in runs:
@@ -197,7 +215,7 @@ def snapshot(store: Store, now_ns: int, project: str | None = None, show_all: bo
         where = " WHERE project = {project:String}" if project else ""
         any_runs = bool(_rows(store, "SELECT count() > 0 FROM {db}.steps" + where, project=project or "")[0][0])
     return WatchSnapshot(store.url, store.database, now_ns, runs, any_runs, show_all, project, recent_s,
-                         getattr(store, "endpoint", None))
+                         getattr(store, "endpoint", None), metrics)
 
 
 class _Reader:
@@ -230,7 +248,7 @@ class _Reader:
 
 
 def watch(dsn: str, opener: Callable[[str], Store], interval_s: float = 2.0, project: str | None = None,
-          show_all: bool = False, once: bool = False, console: Console | None = None) -> int:
+          show_all: bool = False, once: bool = False, console: Console | None = None, metrics: tuple[str, ...] = ()) -> int:
     """Show the view until Ctrl-C (exit 0); ``once``: print one frame and return.
 
     The first frame's errors (server unreachable, store busy) propagate, so the command fails
@@ -239,7 +257,7 @@ def watch(dsn: str, opener: Callable[[str], Store], interval_s: float = 2.0, pro
     console = console or Console()
     reader = _Reader(dsn, opener)
     note = "" if once else f"refresh {interval_s:g}s, Ctrl-C quits"
-    take = lambda store: snapshot(store, time.time_ns(), project, show_all)  # noqa: E731
+    take = lambda store: snapshot(store, time.time_ns(), project, show_all, metrics=metrics)  # noqa: E731
     try:
         snap = reader.read(take)
         if once:

@@ -53,6 +53,8 @@ class RunLine:
     asof_ns: int  # pace and failure rate are taken up to this: the RUN_END, or now
     gpus: list[Gpu] = field(default_factory=list)
     alerts: list[Alert] = field(default_factory=list)
+    end_status: str | None = None  # RUN_END's status (finished, failed, cancelled); None while running or unknown
+    metrics: dict[str, float] = field(default_factory=dict)  # the chosen trainer scalars at their latest step
 
     @property
     def key(self) -> str:
@@ -70,3 +72,4 @@ class WatchSnapshot:
     project: str | None = None
     recent_s: float = RECENT_S
     endpoint: str | None = None  # the sink's read endpoint, when the store is a chDB store the sink holds
+    metric_names: tuple[str, ...] = ()  # trainer scalars shown as columns (``--metric``)

@@ -30,9 +30,16 @@ from rich.table import Table
 from rich.text import Text
 
 from rlpulse.schemas.terminal import terminal_safe
-from rlpulse.sinks.watch_data import NS, WatchSnapshot
+from rlpulse.sinks.watch_data import NS, RunLine, WatchSnapshot
 
-STATE_STYLES = {"RUNNING": "green", "STALLED": "bold yellow", "SILENT": "bold red", "ENDED": "dim"}
+STATE_STYLES = {"RUNNING": "green", "STALLED": "bold yellow", "SILENT": "bold red", "ENDED": "dim", "FINISHED": "dim",
+                "FAILED": "bold red", "CANCELLED": "yellow"}
+
+
+def state_text(run: RunLine) -> Text:
+    """RUNNING, STALLED, SILENT; an ended run as its RUN_END status (ENDED when its SDK sent none)."""
+    shown = run.end_status.upper() if run.state == "ENDED" and run.end_status else run.state
+    return Text(shown, style=STATE_STYLES.get(shown, "dim"))
 GAP = 2  # between two columns: box=None, padding (0, 1), no padding at the table's edges
 
 
@@ -152,7 +159,7 @@ def runs_table(snap: WatchSnapshot, width: int) -> Table:
     cols = [
         Col("RUN", _texts(r.run_id for r in runs), cut="middle", floor=32),
         Col("ATT", _texts(str(r.attempt) for r in runs), right=True, priority=3),
-        Col("STATE", [Text(r.state, style=STATE_STYLES[r.state]) for r in runs]),
+        Col("STATE", [state_text(r) for r in runs]),
         Col("STEP", _texts("-" if r.step is None else str(r.step) for r in runs), right=True),
         Col("STEPS/MIN", _texts(_num(r.steps_per_min, ".1f") for r in runs), right=True),
         Col("REWARD", _texts(_num(r.reward_mean, ".3f") for r in runs), right=True),
@@ -163,6 +170,9 @@ def runs_table(snap: WatchSnapshot, width: int) -> Table:
             priority=1),
         Col("LAST", _texts(age(snap.now_ns - r.last_ns) for r in runs), right=True, priority=2),
     ]
+    # the trainer scalars the user chose: as essential as the figures beside them
+    cols[8:8] = [Col(terminal_safe(name).upper(), _texts(_num(r.metrics.get(name), ".4g") for r in runs), right=True, cut="end")
+                 for name in snap.metric_names]
     if several:
         cols.append(Col("PROJECT", _texts(r.project for r in runs), priority=5))  # whole, or section rows
     shown = layout(cols, width)

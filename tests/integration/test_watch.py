@@ -182,6 +182,34 @@ def test_snapshot_figures(store_url: str) -> None:
     assert runs["q/other/1"].state == "RUNNING"
 
 
+def test_an_ended_run_shows_its_status_and_chosen_metrics_are_columns(tmp_path: Path) -> None:
+    url = f"chdb://{tmp_path / 'ch'}"
+    now = (time.time_ns() // NS) * NS
+
+    def step(run_id: str, ago_s: float, type_: str, step: int, count: int, metrics: dict | None = None,
+             status: str | None = None) -> dict:
+        return {**_step("p", run_id, 1, ago_s, type_, step, count), "time_ns": now - int(ago_s * NS),
+                "metrics": metrics or {}, "status": status}
+
+    with open_store(url, owner="test") as store:
+        migrate(store)
+        _insert(store.client, "steps", [
+            step("ok", 60, "RUN_START", -1, 0), step("ok", 50, "STEP", 0, 1, {"loss": 2.5, "kl": 0.25}),
+            step("ok", 40, "STEP", 1, 2, {"loss": 1.25}), step("ok", 30, "RUN_END", -1, 2, status="finished"),
+            step("bad", 60, "RUN_START", -1, 0), step("bad", 50, "METRICS", 0, 0, {"loss": 9.0}),
+            step("bad", 45, "RUN_END", -1, 0, status="failed"),
+            step("live", 20, "RUN_START", -1, 0), step("live", 10, "STEP", 0, 1, {"kl": 0.5}),
+        ])
+        snap = snapshot(store, now, metrics=("loss", "kl"))
+    runs = {r.run_id: r for r in snap.runs}
+    assert {k: (r.state, r.end_status, r.metrics) for k, r in runs.items()} == {
+        "ok": ("ENDED", "finished", {"loss": 1.25, "kl": 0.25}), "bad": ("ENDED", "failed", {"loss": 9.0}),
+        "live": ("RUNNING", None, {"kl": 0.5})}
+    frame = _frame(snap)
+    assert _line(frame, "ok")[1:3] == ["1", "FINISHED"] and _line(frame, "bad")[1:3] == ["1", "FAILED"]
+    assert "LOSS" in frame and "KL" in frame and "1.25" in _line(frame, "ok") and "9" in _line(frame, "bad")
+
+
 def test_snapshot_scope(store_url: str) -> None:
     with open_store(store_url, owner="test") as store:
         only_p = snapshot(store, NOW, project="p")
@@ -398,7 +426,7 @@ def _check_final_screen(screen: str, truth) -> None:
         line = _line(runs, run)
         graded = sum(n for (rid, _t), n in truth.graded.items() if rid == run)
         failed = sum(n for (rid, _t, _c), n in truth.failures.items() if rid == run)
-        assert line[1:4] == ["1", "ENDED", "2"], line
+        assert line[1:4] == ["1", "FINISHED", "2"], line
         assert line[6:9] == [f"{truth.clipped[(run, 2)] / SIM.rollouts_per_step:.1%}", f"{failed / graded:.1%}", "1"], line
     silent = _line(runs, f"{PROJECT}-silent")
     assert silent[1:4] == ["1", "SILENT", "0"], silent
@@ -453,7 +481,7 @@ def test_watch_in_tmux_after_the_pipeline(settings: Settings, artifacts_dir: Pat
     tmux = TmuxWatch(settings, "--interval", "1s")
     try:
         tmux.start()
-        screen = tmux.wait_for(_shows(("run1", "ENDED"), ("run2", "ENDED"), ("silent", "SILENT")), 60, "the runs")
+        screen = tmux.wait_for(_shows(("run1", "FINISHED"), ("run2", "FINISHED"), ("silent", "SILENT")), 60, "the runs")
         (artifacts_dir / "screen.txt").write_text(screen)
         _check_final_screen(screen, truth)
         assert "read endpoint" not in screen  # the store was free: opened directly
@@ -508,7 +536,7 @@ def test_watch_in_tmux_live_sink(settings: Settings, artifacts_dir: Path) -> Non
             recorder.start()
             try:
                 truth = simulate(settings, SIM)
-                screen = tmux.wait_for(_shows(("run1", "ENDED"), ("run2", "ENDED"), ("silent", "SILENT")), 90,
+                screen = tmux.wait_for(_shows(("run1", "FINISHED"), ("run2", "FINISHED"), ("silent", "SILENT")), 90,
                                        "the runs' end state")
             finally:
                 stop.set()

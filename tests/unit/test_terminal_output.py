@@ -96,6 +96,8 @@ class _Client:
         if "step_stats" in sql:
             return _Result(("run_id", "attempt", "step", "rollouts", "clipped", "clipped_ratio", "reward_mean",
                             "zero_fraction", "completion_mean"), [(RUN, 1, 0, 8, 1, 0.125, 0.5, 0.25, 100.0)])
+        if ".steps FINAL" in sql:  # how runs ended: a status is a string any writer could send
+            return _Result(("run_id", "attempt", "status", "steps"), [(RUN, 1, SUMMARY, 3)])
         if "alerts" in sql:
             return _Result(("time", "rule", "state", "key", "summary"), [("12:00:00", "xid", "FIRING", KEY, SUMMARY)])
         raise AssertionError(f"unexpected query {sql}")
