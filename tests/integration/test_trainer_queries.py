@@ -70,3 +70,24 @@ def test_run_status_says_how_each_attempt_ended(url: str) -> None:
     assert [(r["run_id"], r["attempt"], r["status"], r["steps"]) for r in got] == [
         ("crash", 1, "failed", 0), ("crash", 2, "running", 1), ("done", 1, "finished", 1), ("old-sdk", 1, "unknown", 4),
         ("stopped", 1, "cancelled", 0)]
+
+
+def test_the_report_gives_each_terms_own_failure_rate(url: str) -> None:
+    """judge fails 3 of 10, format never (0 of 10): judge's rate is 0.3, not 3 of 20."""
+    from rlpulse.sinks.clickhouse import open_store
+    from rlpulse.sinks.report import failures_by_cause, run_status
+
+    def window(term: str, cause: str, failures: int) -> dict:
+        return {"project": "p", "run_id": "r1", "attempt": 1, "term": term, "cause": cause, "window_start_ns": T0,
+                "window_end_ns": T0 + 60 * S, "failures": failures, "graded": 10, "emitted_at_ns": T0 + 61 * S}
+
+    seed(url, {"grader_failures": [window("judge", "timeout", 3), window("judge", "error", 0),
+                                   window("format", "timeout", 0), window("format", "error", 0)],
+               "steps": [step_row("r1", "RUN_END", 1, -1, 5, status="cancelled")]})
+    with open_store(url, owner="test") as store:
+        columns, rows_ = failures_by_cause(store, "p")
+        status = run_status(store, "p")
+    assert columns == ["run_id", "attempt", "term", "cause", "failures", "graded", "failure_rate"]
+    assert rows_ == [("r1", 1, "format", "error", 0, 10, 0.0), ("r1", 1, "format", "timeout", 0, 10, 0.0),
+                     ("r1", 1, "judge", "error", 0, 10, 0.0), ("r1", 1, "judge", "timeout", 3, 10, 0.3)]
+    assert status[1] == [("r1", 1, "cancelled", 5)]
