@@ -235,15 +235,13 @@ class MetricsPublisher:
         except TypeError:
             number = -1
         if number < 0:
-            self.skipped[REFUSED] += 1
-            log.warning("rlpulse metrics: a dict for step %r not sent: a step is a non-negative integer", step)
+            self._refuse(f"a dict for step {step!r:.40} (a step is a non-negative integer)")
             return None
         return number
 
     def _limited(self, data: Mapping[Any, Any]) -> dict[str, float]:
         if not isinstance(data, Mapping):
-            self.skipped[REFUSED] += 1
-            log.warning("rlpulse metrics: not a mapping, not sent: a %s", type(data).__name__)
+            self._refuse(f"a {type(data).__name__} in place of a dict")
             return {}
         metrics = to_metrics(data, self.skipped, self._seen)
         if len(metrics) > self.max_names_per_step:
@@ -265,10 +263,16 @@ class MetricsPublisher:
         try:
             method(*args, **kwargs)
         except ValueError as exc:  # a bug of ours or a limit changed under us: say so, keep training
-            self.skipped[REFUSED] += 1
-            log.warning("rlpulse metrics: the SDK refused a dict of step %s: %s", args[0] if args else "?", exc)
+            self._refuse(f"a dict of step {args[0] if args else '?'} ({exc})")
             return False
         return True
+
+    def _refuse(self, what: str) -> None:
+        """Count a dict not sent at all; log the first WARNED_NAMES_PER_REASON (a fault repeats every step)."""
+        self.skipped[REFUSED] += 1
+        if self.skipped[REFUSED] <= WARNED_NAMES_PER_REASON:
+            log.warning("rlpulse metrics: not sent: %s%s", what, "; further ones are only counted"
+                        if self.skipped[REFUSED] == WARNED_NAMES_PER_REASON else "")
 
 
 def _within(value: Any, low: float, high: float, default: Any) -> Any:
@@ -303,8 +307,9 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         if self in sys.meta_path:
             sys.meta_path.remove(self)  # one module, once
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is None or spec.loader is None:
-            return None  # another finder's (an editable install's): found without the patch; said below
+        if spec is None or spec.loader is None:  # another finder's module: it loads unpatched, and says so
+            log.warning("rlpulse: %s is not loaded from its package's folder; the hook on it is not installed", fullname)
+            return None
         spec.loader = _PatchingLoader(spec.loader, self.patch)
         return spec
 
