@@ -22,22 +22,18 @@ many rollouts it held.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
-
-
-class Rollouts(Protocol):
-    """What a batch publishes through: ``TrainingTelemetry.rollout``."""
-
-    def rollout(self, step: int, rollout_id: str, reward: float, **fields: Any) -> None: ...
 
 
 class RolloutBatch:
     """The rollouts of one step, published together by ``publish()`` or at the end of a ``with`` block."""
 
-    def __init__(self, telemetry: Rollouts, step: int, policy_version: int | None = None):
-        self._tel, self.step, self.policy_version = telemetry, step, policy_version
+    def __init__(self, rollout: Callable[..., None], step: int, policy_version: int | None = None):
+        # rollout: TrainingTelemetry.rollout, which checks every field as the batch publishes
+        self._rollout, self.step, self.policy_version = rollout, step, policy_version
         self._terms: dict[str, dict[str, float]] = {}
         self._fields: dict[str, dict[str, Any]] = {}
 
@@ -67,7 +63,7 @@ class RolloutBatch:
             if reward is None:
                 reward = float(sum(shares.values()))
             own.setdefault("policy_version", self.policy_version)
-            self._tel.rollout(step=self.step, rollout_id=rollout_id, reward=reward, term_shares=shares, **own)
+            self._rollout(step=self.step, rollout_id=rollout_id, reward=reward, term_shares=shares, **own)
         return len(fields)
 
     def __enter__(self) -> RolloutBatch:

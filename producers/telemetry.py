@@ -279,7 +279,7 @@ class TrainingTelemetry:
 
     def rollouts(self, step: int, policy_version: int | None = None) -> RolloutBatch:
         """A batch of ``step``'s rollouts given a reward term at a time (``rlpulse.producers.batch``)."""
-        return RolloutBatch(self, v.require_step("step", step), policy_version)
+        return RolloutBatch(self.rollout, v.require_step("step", step), policy_version)
 
     def grader(
         self,
