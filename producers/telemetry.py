@@ -23,8 +23,9 @@ from rlpulse.producers.delivery import Transport
 from rlpulse.producers.queue import (DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_QUEUED_BYTES, ROLLOUT_QUEUED_BYTES, SPANS,
                              STEP_QUEUED_BYTES, STEPS, Channel)
 from rlpulse.producers.records import SPAN_NULLS, Records
-from rlpulse.producers.sender import DEFAULT_BUFFER_BYTES, Outgoing, Sender, SenderConfig
-from rlpulse.producers.span_fields import SPAN_ENCODED_BYTES, span_fields
+from rlpulse.producers.sender import DEFAULT_BUFFER_BYTES, Sender, SenderConfig
+from rlpulse.producers.span_fields import SPAN_ENCODED_BYTES
+from rlpulse.producers.writer import SenderFaces
 from rlpulse.schemas.catalogue import run_key
 from rlpulse.schemas.enums import FINISH_TRUNCATED, GRADER_OUTCOMES, RUN_STATUSES, TRAINERS
 from rlpulse.schemas.settings import Settings
@@ -39,7 +40,7 @@ _NO_SHARES: dict[str, float] = {}  # shared, never mutated: the builders only re
 assert v.MAX_DURATION_S == 1e9 and v.MAX_NAME == 256  # the calls test these literals
 
 
-class TrainingTelemetry:
+class TrainingTelemetry(SenderFaces):
     """Publishes a run's rollouts, grader calls and steps without blocking the training thread.
 
     Use as a context manager (RUN_START on enter, RUN_END and a final flush on exit). A
@@ -160,31 +161,6 @@ class TrainingTelemetry:
         self._open = False
         self._stop_heartbeat.set()
         return self._sender.close(timeout)
-
-    @property
-    def dropped(self) -> int:
-        """Events dropped because the buffer was full."""
-        return self._sender.dropped
-
-    @property
-    def delivered(self) -> int:
-        """Events the broker has acknowledged."""
-        return self._sender.delivered
-
-    @property
-    def kafka_refused(self) -> str | None:
-        """Why the broker refuses the Kafka credentials or certificate, while it does (logged once); else None."""
-        return self._sender.refused
-
-    @property
-    def pending(self) -> int:
-        """Events accepted and not yet acknowledged."""
-        return self._sender.pending
-
-    @property
-    def sender(self) -> Sender:
-        """The sender this writer queues on (its counters, ``queued_records`` for inspection)."""
-        return self._sender
 
     @property
     def aio(self) -> AsyncTrainingTelemetry:
@@ -371,28 +347,6 @@ class TrainingTelemetry:
         from rlpulse.producers.otel import RlpulseSpanExporter
 
         return RlpulseSpanExporter(self)
-
-    # -- publishing other records through this writer's queue --------------------------------
-    def publish_span(self, span: Mapping[str, Any]) -> bool:
-        """Queue one span given as Span record fields (what ``rlpulse.producers.otel`` converts a span to).
-
-        ``time_ns``, ``trace_id``, ``span_id``, ``name``, ``kind``, ``start_time_ns`` and
-        ``end_time_ns`` are required; the identity, ``writer_id`` and ``sequence_id`` are this
-        writer's and override any given. Returns False when the buffer was full (counted in
-        ``dropped``); raises ValueError naming the field for a value the Span schema refuses (NaN,
-        infinity, an int beyond Avro long, a lone surrogate, a wrong type or kind) or a span that
-        can never fit a message.
-        """
-        fields = span_fields(span, self._sender.check, self._span_limit, self._span_encoded_bytes)
-        return self._put(SPANS, self._span_channel, fields, v.queued_bytes(fields))
-
-    def publish_hardware(self, record_type: str, key: str, record: Mapping[str, Any]) -> bool:
-        """Queue a ``GpuSample`` or ``Placement`` record on ``<prefix>.hardware`` under ``key`` (the hw_id).
-
-        Checked against its schema at the call (ValueError naming the field); False when the
-        buffer was full. The GPU poller publishes the same way through ``Sender.offer``.
-        """
-        return self._sender.offer(Outgoing(self.settings.topic("hardware"), key, record_type, record))
 
     # -- internals -------------------------------------------------------------------------
     def _register_terms(self, terms: Iterable[str]) -> None:

@@ -158,8 +158,13 @@ def test_saved_queries_read_the_distributed_tables_by_their_own_names() -> None:
     distributed = {
         re.match(r"CREATE TABLE IF NOT EXISTS rlpulse\.(\w+) ON CLUSTER rlpulse AS", s)[1]
         for s in cluster_migrations()
-        if " AS rlpulse." in s and s.startswith("CREATE")
+        if " AS rlpulse." in s and s.startswith("CREATE TABLE")
     }
+    # a view on every node, over the Distributed tables its SELECT names
+    views = {re.match(r"CREATE VIEW IF NOT EXISTS rlpulse\.(\w+) ON CLUSTER rlpulse AS", s)[1]
+             for s in cluster_migrations() if s.startswith("CREATE VIEW")}
+    assert views == {"step_metrics"}
+    distributed |= views
     for name in queries.list_saved():
         for table in re.findall(r"\{db\}\.(\w+)", queries.load_saved(name)):
             assert table in distributed, (name, table)
