@@ -6,7 +6,7 @@ It is built in two layers so that a change to the SDK costs seconds, not a 5 GB 
 * the framework: ``requirements-trl.txt`` installed into a fresh venv, keyed on that file's text
   and the interpreter's version (a new pin rebuilds the venv from nothing);
 * the SDK: a wheel built from a copy of the checkout (never in-tree: a build would write
-  ``build/`` and ``rlpulse.egg-info`` into the working tree of the developer's editable install)
+  ``build/`` and an egg-info folder into the working tree of the developer's editable install)
   and installed over the previous one, keyed on the digest of the files the wheel is built from.
 
 Run as a script to build it ahead of the test: ``.venv/bin/python tests/trainers/trainer_venv.py``.
