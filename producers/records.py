@@ -14,7 +14,7 @@ from collections.abc import Callable
 SPAN_NULLS: dict[str, Any] = dict(parent_span_id=None, status_message="", attempt_id="", step=None, attributes={}, term=None,
                   outcome=None, score=None, judge_input_tokens=None, judge_output_tokens=None, reward=None,
                   term_shares={}, completion_tokens=None, max_tokens=None, clipped=None, sample_id=None,
-                  policy_version=None, finish_reason=None)
+                  policy_version=None, finish_reason=None, checkpoint_op=None, checkpoint_bytes=None)
 
 
 def span_id(text: str) -> bytes:

@@ -19,6 +19,7 @@ from rlpulse.producers import process
 from rlpulse.producers.process import run_status
 from rlpulse.producers.aio import AsyncTelemetry
 from rlpulse.producers.batch import RolloutBatch
+from rlpulse.producers.checkpoints import Checkpointing, checkpoint_fields
 from rlpulse.producers.delivery import Transport
 from rlpulse.producers.queue import (DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_QUEUED_BYTES, ROLLOUT_QUEUED_BYTES, SPANS,
                              STEP_QUEUED_BYTES, STEPS, Channel)
@@ -315,6 +316,18 @@ class TrainingTelemetry(SenderFaces):
             (start, end, step, rollout_id, term, outcome, score, input_tokens, output_tokens),
             size,
         )
+
+    def checkpoint(self, step: int, op: str, outcome: str = "ok", duration_s: float = 0.0, size_bytes: int | None = None,
+                   error: str | None = None, start_ns: int | None = None, end_ns: int | None = None) -> None:
+        """Record a checkpoint ``op`` (save or restore) of ``step`` that ended ``end_ns`` (default now),
+        ``outcome`` ok or failed (``rlpulse.producers.checkpoints``)."""
+        end = self._clock() if end_ns is None else end_ns
+        start = end - int(v.require_duration("duration_s", duration_s) * 1e9) if start_ns is None else start_ns
+        self.publish_span(checkpoint_fields(self.run_id, self.attempt, step, op, outcome, start, end, size_bytes, error))
+
+    def checkpointing(self, step: int, op: str = "save") -> Checkpointing:
+        """A ``with`` block timing a checkpoint ``op``: failed if it raises (``rlpulse.producers.checkpoints``)."""
+        return Checkpointing(self.checkpoint, step, op, self._clock)
 
     def step_completed(self, step: int, tokens: int = 0, duration_s: float = 0.0, mfu: float | None = None,
                        metrics: Mapping[str, float] | None = None) -> None:

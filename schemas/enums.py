@@ -54,5 +54,8 @@ FAILURE_CAUSES: tuple[str, ...] = GRADER_OUTCOMES[1:]
 
 # How a run ended (RUN_END's ``status``), less the default ("unknown": a newer writer's symbol).
 RUN_STATUSES: tuple[str, ...] = tuple(s for s in enum_symbols("Step", "status") if s != enum_default("Step", "status"))
+# A CHECKPOINT span's operation (``checkpoint_op``) and its outcome (the Span's ``outcome``).
+CHECKPOINT_OPS: tuple[str, ...] = ("save", "restore")
+CHECKPOINT_OUTCOMES: tuple[str, ...] = ("ok", "failed")
 # A rollout's ``finish_reason`` that means it was truncated at the length limit (TRL, vLLM, OpenAI).
 FINISH_TRUNCATED = "length"

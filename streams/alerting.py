@@ -33,6 +33,7 @@ SEVERITY = {
     "clipped_ratio_rising": "warning",
     "reward_collapse": "warning",
     "policy_stale": "warning",
+    "checkpoint_failed": "critical",  # a run that cannot save loses its progress at the next fault
 }
 
 
@@ -277,6 +278,24 @@ def step_rules(book: AlertBook, state: MutableMapping[str, dict], step_stats: di
                 "policy_stale", key, now_ns=now_ns, value=float(stale),
                 summary=f"rollouts of step {step} at most {stale} steps old"))
     return _emit(*out)
+
+
+def checkpoint_rule(book: AlertBook, span: dict[str, Any], now_ns: int) -> list[dict]:
+    """A failed checkpoint save fires ``checkpoint_failed`` for its attempt; the next successful
+    save resolves it (restores say nothing). ``span`` is a CHECKPOINT span."""
+    if span.get("checkpoint_op") != "save":
+        return []
+    ident = {"project": span.get("project", ""), "run_id": span["run_id"], "attempt": span["attempt"]}
+    key = f"{ident['project']}/{ident['run_id']}/{ident['attempt']}"
+    step = span.get("step")
+    if span.get("outcome") == "failed":
+        why = (span.get("status_message") or "")[:200]
+        return _emit(book.fire(
+            "checkpoint_failed", key, now_ns=now_ns, value=float(step or 0), threshold=0.0,
+            summary=f"checkpoint save at step {step} failed" + (f": {why}" if why else ""),
+            severity=SEVERITY["checkpoint_failed"], since_ns=span["time_ns"], **ident))
+    return _emit(book.resolve("checkpoint_failed", key, now_ns=now_ns, value=float(step or 0),
+                              summary=f"checkpoint saved at step {step}"))
 
 
 def forget_run(state: MutableMapping[str, dict], project: str, run_id: str, attempt: int) -> None:

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 from rlpulse.schemas.catalogue import (ALERTS_TOPIC, GRADER_FAILURES_TOPIC, GRADER_WINDOWS_TOPIC, LENGTH_HISTOGRAMS_TOPIC,
                                        REWARD_HISTOGRAMS_TOPIC, SPANS_TOPIC, STEP_STATS_TOPIC)
 from rlpulse.schemas.settings import AlertThresholds
-from rlpulse.streams.alerting import AlertBook, forget_run, grader_failure_rate, step_rules
+from rlpulse.streams.alerting import AlertBook, checkpoint_rule, forget_run, grader_failure_rate, step_rules
 from rlpulse.streams.figures import MAX_NAME, MAX_TERMS, NS, GraderWindow, StepFigures
 from rlpulse.streams.stall import StallDetector
 from rlpulse.streams.state import Run
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 # The span fields the processor reads: the decoder may skip the rest (ids, names, attributes).
 SPAN_FIELDS = frozenset({"project", "run_id", "attempt", "time_ns", "kind", "term", "outcome", "step", "start_time_ns",
                          "end_time_ns", "reward", "clipped", "completion_tokens", "term_shares", "sample_id",
-                         "sequence_id", "writer_id", "policy_version"})
+                         "sequence_id", "writer_id", "policy_version", "checkpoint_op", "status_message"})
 
 ALL_IN = 2**62  # the progress of a run whose writers have all ended and whose every event is in
 INF = float("inf")
@@ -149,6 +149,8 @@ class RunProcessor:
                     self._grader(run, r)
                 elif kind == "ROLLOUT" and r.get("step") is not None and r.get("reward") is not None:
                     self._rollout(run, r)
+                elif kind == "CHECKPOINT":
+                    out += [self._alert(run, a) for a in checkpoint_rule(AlertBook(run.alerts), r, now_ns)]
             else:
                 out += self._step_event(run, r, now_ns)
         self.applied += len(records)

@@ -38,6 +38,9 @@ def publish(settings: Settings) -> int:
                 tel.grader(step=0, rollout_id="r0-0", term="judge", outcome="error", score=0.5,
                            start_ns=graded_at - 10**9, end_ns=graded_at)
                 tel.grader(step=0, rollout_id="r1-0", term="judge", outcome="ok", score=0.5, duration_s=0.1)
+                tel.checkpoint(1, "save", outcome="failed", error="OSError: disk full", duration_s=2.0)
+                with tel.checkpointing(6, "save") as ck:
+                    ck.size_bytes = 4_000_000
                 assert rank1.flush(30) == 0
             raise RuntimeError("the trainer crashed")
     return graded_at
@@ -52,10 +55,11 @@ def ran(module_settings: Settings) -> tuple[Settings, int]:
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         graded_at = publish(settings)
         pipeline.wait_caught_up(until=until.counts(settings, {
-            "SELECT count() FROM $db.spans FINAL WHERE project = 'tr'": 8,
+            "SELECT count() FROM $db.spans FINAL WHERE project = 'tr'": 10,
             "SELECT count() FROM $db.steps FINAL WHERE project = 'tr'": 8,
             "SELECT count() FROM $db.step_stats FINAL WHERE project = 'tr'": 3,
-            "SELECT count() FROM $db.alerts FINAL WHERE rule = 'policy_stale'": 1}))
+            "SELECT count() FROM $db.alerts FINAL WHERE rule = 'policy_stale'": 1,
+            "SELECT count() FROM $db.alerts FINAL WHERE rule = 'checkpoint_failed'": 2}))
         pipeline.stop()
     return settings, graded_at
 
@@ -103,3 +107,21 @@ def test_a_grader_that_raised_has_no_score_and_its_own_times(ran: tuple[Settings
                          "GROUP BY cause ORDER BY cause")
     # counted in the window of its own end, 3 s before it was published: one of the two scores failed
     assert {c: f for c, f, _ in failures}["error"] == 1 and sum(g for c, _, g in failures if c == "error") == 2
+
+
+def test_checkpoints_and_the_alert_of_a_failed_save(ran: tuple[Settings, int]) -> None:
+    from rlpulse.sinks.clickhouse import open_reader
+    from rlpulse.sinks.queries import saved_sql
+
+    store = open_reader(ran[0].clickhouse_dsn, owner="test")
+    try:
+        result = store.client.query(saved_sql("checkpoints", {"run_id": "crash"}, store.database),
+                                    parameters={"run_id": "crash"})
+        got = [dict(zip(result.column_names, r)) for r in result.result_rows]
+    finally:
+        store.close()
+    assert [(r["step"], r["op"], r["outcome"], r["bytes"], r["error"]) for r in got] == [
+        (1, "save", "failed", None, "OSError: disk full"), (6, "save", "ok", 4_000_000, "")]
+    assert got[0]["duration_s"] == 2.0 and got[0]["mb_per_s"] is None
+    assert rows(ran[0], "SELECT state, summary FROM $db.alerts FINAL WHERE rule = 'checkpoint_failed' ORDER BY time_ns") == [
+        ("FIRING", "checkpoint save at step 1 failed: OSError: disk full"), ("RESOLVED", "checkpoint saved at step 6")]

@@ -120,7 +120,7 @@ def test_hostile_values_stay_one_literal_in_every_panel() -> None:
     assert {(name, variable) for _, name, variable, _ in expected} == {
         ("clipped-ratio-trend", "run_id"), ("clipped-ratio-trend", "attempt"), ("gpu-utilization-by-run", "run_id"),
         ("reward-percentiles", "run_id"), ("reward-percentiles", "attempt"), ("span-tree", "run_id"),
-        ("span-tree", "attempt"), ("span-tree", "rollout_id"), ("step-metrics", "run_id"),
+        ("span-tree", "attempt"), ("span-tree", "rollout_id"), ("step-metrics", "run_id"), ("checkpoints", "run_id"),
         ("failures-by-step", "run_id")}
     out = clickhouse(queries)
 

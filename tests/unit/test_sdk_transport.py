@@ -46,7 +46,8 @@ def test_calls_arrive_as_exactly_the_records_given():
     identity = dict(project="p", run_id="r", attempt=1, stage="rl", writer_id=writer, time_ns=NOW, end_time_ns=NOW)
     nulls = dict(parent_span_id=None, status_message="", attempt_id="", attributes={}, term=None, outcome=None, score=None,
                  judge_input_tokens=None, judge_output_tokens=None, reward=None, term_shares={}, completion_tokens=None,
-                 max_tokens=None, clipped=None, sample_id=None, policy_version=None, finish_reason=None)
+                 max_tokens=None, clipped=None, sample_id=None, policy_version=None, finish_reason=None,
+                 checkpoint_op=None, checkpoint_bytes=None)
     rollout_span = span_id("r/1/a/rollout")
     expected_spans = [
         {**nulls, **identity, "sequence_id": 1, "trace_id": trace_id("r/1/a"), "span_id": rollout_span, "name": "rollout",
@@ -196,7 +197,7 @@ def test_enum_names_are_the_avsc_symbols():
     span = {f["name"]: f for f in schemas["rlpulse.v1.Span"]["fields"]}
     step = {f["name"]: f for f in schemas["rlpulse.v1.Step"]["fields"]}
     assert enums.SPAN_KINDS == tuple(span["kind"]["type"]["symbols"]) == (
-        "ROLLOUT", "REWARD", "LLM", "TOOL", "GRADER", "ANNOTATION", "CUSTOM")
+        "ROLLOUT", "REWARD", "LLM", "TOOL", "GRADER", "ANNOTATION", "CUSTOM", "CHECKPOINT")
     assert enums.SPAN_KIND_DEFAULT == span["kind"]["type"]["default"] == "CUSTOM"
     assert enums.TRAINERS == ("rl", "sft") and set(enums.TRAINERS) < set(step["trainer"]["type"]["symbols"])
     assert enums.FAILURE_CAUSES == ("timeout", "unavailable", "unreadable", "ungradable", "error")
