@@ -28,13 +28,14 @@ def _records(*names: str) -> tuple[str, ...]:
 TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("spans", _records("Span"), "project/run_id", "raw"),
     TopicSpec("steps", _records("Step"), "project/run_id", "raw"),
-    TopicSpec("hardware", _records("GpuSample", "Placement"), "hw_id (host/index without a UUID)", "raw", per_run=False),
+    TopicSpec("hardware", _records("GpuSample", "Placement", "EngineSample", "CapacitySample"),
+              "hw_id (host/index without a UUID); engine_key for engine samples, the pool for capacity", "raw", per_run=False),
     TopicSpec("grader-failures", _records("GraderFailureWindow"), "project/run_id", "derived"),
     TopicSpec("grader-windows", _records("GraderWindow"), "project/run_id", "derived"),
     TopicSpec("step-stats", _records("StepStats"), "project/run_id", "derived"),
     TopicSpec("reward-histograms", _records("RewardHistogram"), "project/run_id", "derived"),
     TopicSpec("length-histograms", _records("CompletionLengthHistogram"), "project/run_id", "derived"),
-    TopicSpec("alerts", _records("Alert"), "project/run_id, or hw_id for GPU alerts", "derived"),
+    TopicSpec("alerts", _records("Alert"), "project/run_id, or hw_id for GPU alerts, pod/engine for engine alerts", "derived"),
     # Wall-clock ticks, one message per partition every half second: a Faust table can only be
     # written while an event of its partition is processed, so idle runs are closed on these.
     TopicSpec("ticks", (), "none", "internal"),
@@ -78,6 +79,8 @@ TABLES: dict[str, str] = {
     full_name("Step"): "steps",
     full_name("GpuSample"): "gpu_samples",
     full_name("Placement"): "placements",
+    full_name("EngineSample"): "engine_samples",
+    full_name("CapacitySample"): "capacity",
     full_name("GraderFailureWindow"): "grader_failures",
     full_name("GraderWindow"): "grader_windows",
     full_name("StepStats"): "step_stats",
@@ -95,6 +98,8 @@ NATURAL_KEYS: dict[str, tuple[str, ...]] = {
     "steps": ("project", "run_id", "attempt", "time_ns", "type", "writer_id", "sequence_id"),
     "gpu_samples": ("hw_id", "time_ns"),
     "placements": ("project", "run_id", "attempt", "role", "rank", "hw_id", "index", "time_ns"),
+    "engine_samples": ("project", "run_id", "attempt", "pod", "url", "engine", "time_ns"),
+    "capacity": ("pool", "project", "instance", "time_ns"),
     "grader_failures": ("project", "run_id", "attempt", "term", "cause", "window_start_ns"),
     "grader_windows": ("project", "run_id", "attempt", "term", "window_start_ns"),
     "step_stats": ("project", "run_id", "attempt", "step"),
@@ -130,3 +135,9 @@ STREAM_TABLES = ("runs", "gpus")
 def run_key(project: str, run_id: str) -> str:
     """The key of every span, step and run-derived message: all of a run lands on one partition."""
     return f"{project}/{run_id}"
+
+
+def engine_key(pod: str, url: str, engine: str) -> str:
+    """The key of an engine's samples on ``hardware`` and of its ``engine_saturated`` alert: the pod of
+    the rollout server (its metrics URL when no pod was given) and vLLM's engine label."""
+    return f"{pod or url}/{engine}"

@@ -102,6 +102,10 @@ class AlertThresholds:
     # step - policy_version; synchronous trainers keep 0, asynchronous ones a bound of a few steps).
     staleness_max: int = 4
     xid_quiet_after: float = 900.0  # an XID alert resolves after this long without a new XID
+    # engine_saturated: a vLLM engine with requests waiting and its KV cache at least this full, for
+    # longer than engine_saturated_after (seconds of the samples' own time), fires.
+    engine_kv_usage: float = 0.95
+    engine_saturated_after: float = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +136,7 @@ class Settings:
     kafka_ssl_keyfile: str = ""
     kafka_ssl_key_password: str = dataclasses.field(default="", repr=False)
     alerts: AlertThresholds = dataclasses.field(default_factory=AlertThresholds)
-    ttl_raw_days: int = 90  # spans, steps, GPU samples, placements
+    ttl_raw_days: int = 90  # spans, steps, GPU samples, placements, engine samples, capacity
     ttl_aggregate_days: int = 365  # windows, step figures, histograms, alerts
     # A remote_servers cluster name: migrations create replicated <table>_local parts and
     # Distributed tables ON CLUSTER (sinks/cluster_ddl.py). Empty: one server (or chDB).
@@ -175,6 +179,8 @@ class Settings:
         envvars.ALERT_REWARD_ZERO_FRACTION: ("alerts.reward_zero_fraction", float),
         envvars.ALERT_STALENESS_MAX: ("alerts.staleness_max", int),
         envvars.ALERT_XID_QUIET_AFTER: ("alerts.xid_quiet_after", parse_duration),
+        envvars.ALERT_ENGINE_KV_USAGE: ("alerts.engine_kv_usage", float),
+        envvars.ALERT_ENGINE_SATURATED_AFTER: ("alerts.engine_saturated_after", parse_duration),
     }
 
     @classmethod

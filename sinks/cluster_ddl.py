@@ -9,7 +9,7 @@ Every table ``db.t`` of a migration becomes two, both created ``ON CLUSTER``:
   sink inserts into and the saved queries read, under the same name as on a single server.
 
 The sharding key is a function of the table's sorting key (run tables ``cityHash64(project,
-run_id)``, GPU tables ``cityHash64(hw_id)``, alerts ``cityHash64(key)``), so every row of one
+run_id)``, GPU tables ``cityHash64(hw_id)``, alerts ``cityHash64(key)``, capacity ``cityHash64(pool)``), so every row of one
 ReplacingMergeTree key lands on one shard: each shard's merges and ``FINAL`` replace exactly as
 one server's do, and ``SELECT … FROM db.t FINAL`` is each shard's ``FINAL`` put together. GPU
 samples and placements share a key (``hw_id``), so their join on ``hw_id`` is local to a shard.
@@ -36,7 +36,7 @@ _VERSIONED = re.compile(r"_v\d+$")  # a migration's temporary copy (grader_failu
 
 # Sharding keys, each a function of the table's ORDER BY (tests/unit/test_cluster_ddl.py checks it).
 _GPU_KEYED = {"gpu_samples": "cityHash64(hw_id)", "placements": "cityHash64(ifNull(hw_id, ''))",
-              "alerts": "cityHash64(key)", "kafka_errors": "cityHash64(topic, partition)"}
+              "alerts": "cityHash64(key)", "kafka_errors": "cityHash64(topic, partition)", "capacity": "cityHash64(pool)"}
 RUN_KEY = "cityHash64(project, run_id)"
 
 

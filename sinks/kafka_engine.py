@@ -3,9 +3,10 @@
 For each raw topic (spans, steps, hardware) a ``Kafka`` table reads the topic's messages with
 ClickHouse's ``Avro`` format (each message is one Avro container file, which that format reads
 whole) in the consumer group ``<prefix>-ch-kafka``, and materialized views load its rows into the
-tables the Python sink writes: ``spans``, ``steps``, ``gpu_samples`` and ``placements`` (the
-hardware topic carries both GPU samples and placements). The sink then reads the derived topics
-only (``RLPULSE_SINK_RAW=0``), so no raw event is written twice by two writers.
+tables the Python sink writes: ``spans``, ``steps``, ``gpu_samples``, ``placements``, ``engine_samples``
+and ``capacity`` (the hardware topic carries GPU samples, placements, engine samples and capacity).
+The sink then reads the derived topics only (``RLPULSE_SINK_RAW=0``), so no raw event is written
+twice by two writers.
 
 Nothing here is written by hand: each view's SELECT is the sink's own per-column expressions
 (``rlpulse.sinks.avro_sql.build_plan`` on the reader ``.avsc`` and the table's columns: ids as hex, an
@@ -16,8 +17,9 @@ the views produce the rows the sink produces. Where they differ:
   ``input_format_avro_allow_missing_fields``: a field an older writer lacks reads as its
   column type's default (0, '', NULL), not the reader schema's default as in the sink;
 * the engine cannot see a container's record type name. On the hardware topic a row is a GPU
-  sample when its ``power_w`` (a field placements lack) is there, a placement when its ``stage``
-  is; a container with neither is recorded as an error. A record of another type on spans or
+  sample when its ``power_w`` (a field the other records lack) is there, a placement when its
+  ``stage`` is, an engine sample by its ``url``, capacity by its ``pool`` (:func:`markers`); a
+  container with none of them is recorded as an error. A record of another type on spans or
   steps is read by field names, where the sink would dead-letter it.
 
 Nothing is dropped silently: with ``kafka_handle_error_mode='stream'`` a message the format cannot

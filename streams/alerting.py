@@ -19,6 +19,7 @@ import time
 from typing import Any
 from collections.abc import MutableMapping
 
+from rlpulse.schemas.catalogue import engine_key
 from rlpulse.schemas.settings import AlertThresholds
 
 NS = 1_000_000_000
@@ -34,6 +35,7 @@ SEVERITY = {
     "reward_collapse": "warning",
     "policy_stale": "warning",
     "checkpoint_failed": "critical",  # a run that cannot save loses its progress at the next fault
+    "engine_saturated": "warning",  # rollouts queue and slow down; the run still trains
 }
 
 
@@ -206,6 +208,41 @@ def _xid_quiet(book: AlertBook, hw_id: str, seen: dict, thresholds: AlertThresho
     return _emit(book.resolve(
         "xid", hw_id, now_ns=now_ns, value=float(seen.get("xid_last") or 0),
         summary=f"no new XID on GPU {hw_id} for {thresholds.xid_quiet_after:g}s"))
+
+
+def engine_saturated(book: AlertBook, state: MutableMapping[str, dict], sample: dict[str, Any],
+                     thresholds: AlertThresholds, now_ns: int) -> list[dict]:
+    """One EngineSample: an engine with requests waiting and its KV cache at least ``engine_kv_usage``
+    full, continuously for longer than ``engine_saturated_after``, fires; the first sample that is
+    not saturated resolves. ``state`` is keyed by ``engine_key`` and keeps when the saturation began.
+
+    Time is the samples' own (``time_ns``, the scrape's), so a backlog read late gives the same
+    episodes, and ``first_seen_ns`` is when the saturation began. A sample lacking either figure (an
+    engine that does not export it) neither fires, resolves nor breaks the streak.
+    """
+    waiting, usage = sample.get("requests_waiting"), sample.get("kv_cache_usage")
+    if waiting is None or usage is None:
+        return []
+    key = engine_key(sample.get("pod", ""), sample["url"], sample.get("engine", ""))
+    ident = {"project": sample.get("project", ""), "run_id": sample.get("run_id", ""), "attempt": sample.get("attempt", 0)}
+    limit, t = thresholds.engine_kv_usage, int(sample["time_ns"])
+    since = (state.get(key) or {}).get("since_ns")
+    if waiting > 0 and usage >= limit:
+        if since is None:
+            since = t
+            state[key] = {"since_ns": since}
+        held_s = (t - since) / NS
+        if held_s <= thresholds.engine_saturated_after:
+            return []
+        return _emit(book.fire(
+            "engine_saturated", key, now_ns=now_ns, value=float(usage), threshold=limit,
+            summary=f"engine {key}: {waiting:g} requests waiting with the KV cache {usage:.0%} full for {held_s:.0f}s",
+            severity=SEVERITY["engine_saturated"], since_ns=since, **ident))
+    if since is not None:
+        state[key] = {"since_ns": None}
+    return _emit(book.resolve(
+        "engine_saturated", key, now_ns=now_ns, value=float(usage),
+        summary=f"engine {key}: {waiting:g} requests waiting, KV cache {usage:.0%} full"))
 
 
 def step_rules(book: AlertBook, state: MutableMapping[str, dict], step_stats: dict[str, Any],

@@ -15,9 +15,9 @@ from collections import defaultdict
 from typing import Any, Protocol
 from collections.abc import MutableMapping
 
-from rlpulse.schemas.catalogue import ALERTS_TOPIC, run_key
+from rlpulse.schemas.catalogue import ALERTS_TOPIC, engine_key, run_key
 from rlpulse.schemas.settings import AlertThresholds
-from rlpulse.streams.alerting import AlertBook, hardware, hardware_tick
+from rlpulse.streams.alerting import AlertBook, engine_saturated, hardware, hardware_tick
 from rlpulse.streams.runs import Output, Run, RunProcessor, often
 
 log = logging.getLogger(__name__)
@@ -110,23 +110,54 @@ class RunStage:
         return out
 
 
-class HardwareStage:
-    """XID and hardware-slowdown alerts per GPU; state keyed by ``hw_id``.
+ENGINE_STATE = "engine:"  # the table key of an engine's state: this + engine_key (GPU states are keyed by UUID)
+ENGINE_FORGET_NS = 3600 * 10**9  # an engine unheard of this long, with no alert open, leaves the table
+MAX_ENGINES = 10_000  # engines in the table; samples of more are refused and counted
+MAX_ENGINE_KEY = 2048  # characters (the poller's URLs are at most 1024)
 
-    A GPU has one poller, whose samples are in time order: a sample no newer than the last one
-    applied is a replay and is skipped (the poller's time is its mark, as sequence ids are a run's).
+
+class HardwareStage:
+    """XID and hardware-slowdown alerts per GPU, state keyed by ``hw_id``; ``engine_saturated`` per
+    vLLM engine, state keyed ``engine:<engine_key>``. Placements and capacity carry no figure a rule reads.
+
+    A GPU (an engine) has one poller, whose samples are in time order: a sample no newer than the
+    last one applied is a replay and is skipped (the poller's time is its mark, as sequence ids are a run's).
     """
 
     def __init__(self, thresholds: AlertThresholds, table: MutableMapping[str, Any]):
         self.thresholds = thresholds
         self.table = table
+        self.engines_refused = 0  # engine samples refused: a key over MAX_ENGINE_KEY, or the table full
+
+    def _engine(self, partition: int, sample: dict[str, Any], now_ns: int, states: dict[str, dict[str, Any]]) -> list[Output]:
+        """One EngineSample through the engine_saturated rule; its state is written with the message's."""
+        key = ENGINE_STATE + engine_key(sample.get("pod", ""), sample["url"], sample.get("engine", ""))
+        state = states.get(key) or self.table.get(key)
+        if state is None and (len(key) > MAX_ENGINE_KEY or sum(k.startswith(ENGINE_STATE) for k in self.table) >= MAX_ENGINES):
+            self.engines_refused += 1
+            if often(self.engines_refused - 1, self.engines_refused):
+                log.warning("engine sample refused: a key of %d characters (at most %d) or %d engines held already "
+                            "(%d refused on this worker)", len(key), MAX_ENGINE_KEY, MAX_ENGINES, self.engines_refused)
+            return []
+        state = state or {}
+        if sample["time_ns"] <= state.get("mark", -1):
+            return []
+        # .get: a GPU sample whose hw_id someone made "engine:..." writes this key too; it must not crash the lane
+        state = states[key] = {"partition": partition, "gpu": dict(state.get("gpu") or {}),
+                               "engine": dict(state.get("engine") or {}), "alerts": dict(state.get("alerts") or {}),
+                               "mark": sample["time_ns"], "seen_ns": now_ns}
+        alerts = engine_saturated(AlertBook(state["alerts"]), state["engine"], sample, self.thresholds, now_ns)
+        return [Output(ALERTS_TOPIC, a["key"], "Alert", a) for a in alerts]
 
     def on_message(self, topic: str, partition: int, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
         """Samples and placements of ``hardware`` (the only topic here)."""
         out: list[Output] = []
         states: dict[str, dict[str, Any]] = {}
         for sample in records:
-            if "throttle_reasons" not in sample:  # placements carry no figures
+            if "kv_cache_usage" in sample:  # an EngineSample
+                out += self._engine(partition, sample, now_ns, states)
+                continue
+            if "throttle_reasons" not in sample:  # placements and capacity carry no figures
                 continue
             hw_id = sample["hw_id"]
             state = states.get(hw_id) or dict(self.table.get(hw_id) or {"gpu": {}, "alerts": {}, "mark": -1})
@@ -149,6 +180,10 @@ class HardwareStage:
         out: list[Output] = []
         for hw_id, value in list(self.table.items()):
             if not value or value["partition"] != partition:
+                continue
+            idle_ns = now_ns - value.get("seen_ns", now_ns)
+            if hw_id.startswith(ENGINE_STATE) and not value["alerts"] and idle_ns > ENGINE_FORGET_NS:
+                del self.table[hw_id]  # an engine of a run long over: its streak and mark are of no use
                 continue
             state = {**value, "gpu": dict(value["gpu"]), "alerts": dict(value["alerts"])}
             alerts = hardware_tick(AlertBook(state["alerts"]), state["gpu"], self.thresholds, now_ns)

@@ -1,11 +1,12 @@
 """ClickHouse's Kafka engine (``rlpulse migrate --kafka-engine``, sinks/kafka_engine.py) loads the raw
 topics into the same rows the Python sink writes.
 
-One SDK workload (simulated runs with GPUs) and one undecodable message go to fresh topics. The
-sink alone loads them into one chDB store; ClickHouse's Kafka engine, in chDB, loads them into
-another through the generated Kafka tables and views. Every row of spans, steps, gpu_samples and
-placements is compared; the undecodable message is the sink's dead letter and the engine's
-``kafka_errors`` row, at the same topic, partition and offset.
+One SDK workload (simulated runs with GPUs, a simulated vLLM engine and capacity reports) and one
+undecodable message go to fresh topics. The sink alone loads them into one chDB store; ClickHouse's
+Kafka engine, in chDB, loads them into another through the generated Kafka tables and views. Every
+row of spans, steps, gpu_samples, placements, engine_samples and capacity is compared; the
+undecodable message is the sink's dead letter and the engine's ``kafka_errors`` row, at the same
+topic, partition and offset.
 
 chDB cannot reopen a store that holds a Kafka table, so the engine's store lives in one
 subprocess and is thrown away (a user's store never gets one: migrate refuses it on chDB).
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from rlpulse.producers.engine_sim import simulate_capacity, simulate_engine
 from rlpulse.producers.simulator import SimConfig, simulate
 from rlpulse.pipeline import Pipeline
 from rlpulse.schemas.settings import Settings
@@ -30,7 +32,7 @@ from rlpulse.schemas.topics import ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]  # the Kafka engine, a deployment's option: make test-all
 REPO = Path(__file__).resolve().parents[2]
-TABLES = ("spans", "steps", "gpu_samples", "placements")
+TABLES = ("spans", "steps", "gpu_samples", "placements", "engine_samples", "capacity")
 
 # argv: store, mode (engine | dump), prefix, bootstrap, expected counts JSON, timeout s.
 # engine: migrate, create the Kafka engine DDL, wait until the tables hold the expected counts.
@@ -92,6 +94,8 @@ def test_the_kafka_engine_loads_the_rows_the_sink_loads(settings: Settings, back
     pytest.importorskip("chdb")
     ensure_topics(settings)
     truth = simulate(settings, SimConfig(runs=2, steps=3, rollouts_per_step=6, gpu=True))
+    engine_samples = len(simulate_engine(settings, "sim", "sim-run1", samples=6))  # the hardware topic's other records
+    capacity_rows = simulate_capacity(settings)
     partition, offset = asyncio.run(publish_garbage(settings))
 
     with Pipeline(settings) as pipeline:  # the sink alone: raw topics only, nothing derived
@@ -100,6 +104,7 @@ def test_the_kafka_engine_loads_the_rows_the_sink_loads(settings: Settings, back
     sink = load(Path(settings.clickhouse_dsn.removeprefix("chdb://")), "dump", settings, {t: 0 for t in TABLES})
     assert sink["counts"]["spans"] == truth.spans and sink["counts"]["gpu_samples"] == truth.gpu_samples > 0
     assert sink["counts"]["steps"] >= truth.step_events and sink["counts"]["placements"] > 0  # steps: + heartbeats
+    assert (sink["counts"]["engine_samples"], sink["counts"]["capacity"]) == (engine_samples, capacity_rows) == (6, 18)
 
     engine = load(tmp_path / "engine-store", "engine", settings, {**sink["counts"], "kafka_errors": 1})
     assert engine["counts"] == {**sink["counts"], "kafka_errors": 1}

@@ -1,4 +1,4 @@
-"""The Kafka engine's DDL (sinks/kafka_engine.py): golden statements for the hardware topic (two record
+"""The Kafka engine's DDL (sinks/kafka_engine.py): golden statements for the hardware topic (four record
 types on one topic), each view's SELECT being the sink's own expressions, cluster forms, and every
 statement through ClickHouse's parser. tests/integration/test_kafka_engine.py runs the engine (in
 chDB) and compares its rows with the sink's."""
@@ -64,8 +64,14 @@ def test_the_hardware_topic_has_one_kafka_table_and_a_view_per_record_type(colum
     assert errors == (
         "CREATE MATERIALIZED VIEW IF NOT EXISTS rlpulse.kafka_hardware_errors TO rlpulse.kafka_errors AS SELECT "
         "_topic AS topic, _partition AS partition, _offset AS offset, if(length(_error) > 0, _error, 'neither power_w "
-        "nor stage: no record type of topic hardware') AS error, _raw_message AS raw_message FROM rlpulse.kafka_hardware "
-        "WHERE length(_error) > 0 OR (`power_w` IS NULL AND `stage` IS NULL)")
+        "nor stage nor url nor pool: no record type of topic hardware') AS error, _raw_message AS raw_message FROM "
+        "rlpulse.kafka_hardware WHERE length(_error) > 0 OR (`power_w` IS NULL AND `stage` IS NULL AND `url` IS NULL "
+        "AND `pool` IS NULL)")
+    # engine samples and capacity (issue 20) are told apart by their own first required field
+    engines = next(s for s in ddl if "kafka_hardware_to_engine_samples" in s)
+    assert engines.endswith(" FROM rlpulse.kafka_hardware WHERE length(_error) = 0 AND `url` IS NOT NULL")
+    capacity = next(s for s in ddl if "kafka_hardware_to_capacity" in s)
+    assert capacity.endswith(" FROM rlpulse.kafka_hardware WHERE length(_error) = 0 AND `pool` IS NOT NULL")
     spans_errors = next(s for s in ddl if "kafka_spans_errors" in s)
     assert spans_errors.endswith("_error AS error, _raw_message AS raw_message FROM rlpulse.kafka_spans WHERE length(_error) > 0")
 
@@ -74,8 +80,10 @@ def test_each_view_selects_the_sinks_own_expressions(columns: dict) -> None:
     ddl = kafka_engine.statements("rlpulse", columns, ENGINE)
     views = {s.split()[6]: s for s in ddl if s.startswith("CREATE MATERIALIZED VIEW") and not s.split()[6].endswith("_errors")}
     assert set(views) == {"rlpulse.kafka_spans_to_spans", "rlpulse.kafka_steps_to_steps",
-                          "rlpulse.kafka_hardware_to_gpu_samples", "rlpulse.kafka_hardware_to_placements"}
-    for record, table in (("Span", "spans"), ("Step", "steps"), ("GpuSample", "gpu_samples"), ("Placement", "placements")):
+                          "rlpulse.kafka_hardware_to_gpu_samples", "rlpulse.kafka_hardware_to_placements",
+                          "rlpulse.kafka_hardware_to_engine_samples", "rlpulse.kafka_hardware_to_capacity"}
+    for record, table in (("Span", "spans"), ("Step", "steps"), ("GpuSample", "gpu_samples"), ("Placement", "placements"),
+                          ("EngineSample", "engine_samples"), ("CapacitySample", "capacity")):
         plan = build_plan(table, reader_schemas()[full_name(record)], columns[table])
         view = next(v for name, v in views.items() if name.endswith(f"_to_{table}"))
         select = view.split(" AS SELECT ", 1)[1].split(" FROM rlpulse.kafka_", 1)[0]

@@ -113,5 +113,5 @@ def test_the_stream_harness_keys_each_derived_topic_by_its_tables_key() -> None:
         (record,) = BY_SHORT[short].records
         assert fields == NATURAL_KEYS[TABLES[record]]
     assert HARNESS_KEYS["grader-failures"] == ("project", "run_id", "attempt", "term", "cause", "window_start_ns")
-    with pytest.raises(ValueError, match="hardware carries 2 record types"):
+    with pytest.raises(ValueError, match="hardware carries 4 record types"):
         topic_key("hardware")
