@@ -128,7 +128,7 @@ def span_record(project: str, run_id: str, writer: Writer, *, kind: str, time_ns
         "attributes": {}, "term": None, "outcome": None, "score": None, "judge_input_tokens": None,
         "judge_output_tokens": None, "reward": None, "term_shares": {}, "completion_tokens": None,
         "max_tokens": None, "clipped": None, "sample_id": None, "policy_version": None, "finish_reason": None,
-        "checkpoint_op": None, "checkpoint_bytes": None,
+        "checkpoint_op": None, "checkpoint_bytes": None, "metrics": {},
     })
     record.update(typed)
     return record

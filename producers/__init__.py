@@ -5,5 +5,7 @@
 
 from rlpulse.producers.memory import InMemoryTransport
 from rlpulse.producers.telemetry import AsyncTrainingTelemetry, TrainingTelemetry
+from rlpulse.producers.tracing import Tracer, observe_llm, observe_processor, observe_tool, trace_client
 
-__all__ = ["AsyncTrainingTelemetry", "InMemoryTransport", "TrainingTelemetry"]
+__all__ = ["AsyncTrainingTelemetry", "InMemoryTransport", "Tracer", "TrainingTelemetry", "observe_llm", "observe_processor",
+           "observe_tool", "trace_client"]

@@ -183,9 +183,40 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=commands.cmd_gpu_poller)
 
+    p = sub.add_parser(
+        "engine-poller",
+        help="scrape vLLM's Prometheus metrics for a run and publish engine samples",
+        description="Scrapes each --metrics-url (vLLM's /metrics) every --interval with prometheus_client's parser and "
+        "publishes one engine sample per engine and scrape on the hardware topic: requests running and waiting, KV-cache "
+        "usage and awake as read, preemptions and tokens as rates, time to first token as p50/p90/p99 over the interval. "
+        "Responses are read up to --max-bytes within --timeout, without redirects or proxies (pip install "
+        "'rlpulse[engine]').",
+    )
+    p.add_argument("--metrics-url", action="append", required=True, metavar="URL", dest="metrics_urls",
+                   help="a vLLM metrics endpoint, e.g. http://rollout-0:8000/metrics (repeat for several)")
+    p.add_argument("--run-id", default="", help="the run the engines serve")
+    p.add_argument("--attempt", type=int, default=1)
+    p.add_argument("--project", default="")
+    p.add_argument("--pod", default="", help="the rollout server's pod (default: the engine is named by its URL)")
+    p.add_argument("--interval", default="5s", help="scrape interval")
+    p.add_argument("--timeout", default="3s", help="time limit of one scrape, connect to last byte")
+    p.add_argument("--max-bytes", type=int, default=4 * 1024 * 1024, help="a larger response is refused (default 4 MiB)")
+    _add_common(p)
+    p.set_defaults(func=commands.cmd_engine_poller)
+
     p = sub.add_parser("status", help="local services and consumer lag of the streams and the sink")
     _add_common(p)
     p.set_defaults(func=commands.cmd_status)
+
+    p = sub.add_parser(
+        "capacity",
+        help="the latest capacity of each GPU pool and project, as the trainer service reported it",
+        description="Per pool: DECLARED, OBSERVED (- until the service reads the cluster), devices GRANTED and QUEUED, "
+        "the claims by claim state; per project its devices by claim state and its QUOTA. Each service instance's "
+        "latest report, the max across instances (never the sum); a pool whose last claim ended reads 0.",
+    )
+    _add_common(p)
+    p.set_defaults(func=commands.cmd_capacity)
 
     p = sub.add_parser("bench", help="the benchmarks of `make bench`: SDK, Kafka ceilings, drain, latency, memory")
     bench_options = commands.bench_options()
@@ -213,6 +244,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(p)
     p.set_defaults(func=commands.cmd_report)
+
+    p = sub.add_parser(
+        "export",
+        help="trajectories out for training: (prompt, response, reward) triplets or OpenAI chat messages",
+        description=f"Reads traced LLM calls (content recorded: {envvars.TRACE_CONTENT}=1) read-only from ClickHouse. "
+        "triplets: one row per LLM call (prompt, response, the trajectory's reward, turn, final); messages: one row per "
+        "trajectory (the OpenAI chat conversation and its tools). JSONL or Parquet, written by ClickHouse, a page of "
+        "trajectories at a time (bounded memory whatever the count); the file appears whole once done.",
+    )
+    p.add_argument("what", choices=["triplets", "messages"])
+    p.add_argument("-o", "--output", required=True, metavar="PATH", help="the file to write ('-': JSONL to stdout)")
+    p.add_argument("--format", choices=["jsonl", "parquet"], help="default: from PATH's extension (.parquet, else jsonl)")
+    p.add_argument("--project", help="only this project")
+    p.add_argument("--run", dest="run_id", metavar="RUN_ID", help="only this run")
+    p.add_argument("--min-step", type=int, help="only trajectories of this step or later")
+    p.add_argument("--max-step", type=int, help="only trajectories of this step or earlier")
+    p.add_argument("--sample", dest="sample_id", metavar="ID", help="only trajectories answering this sample (prompt)")
+    p.add_argument("--min-reward", type=float, help="only trajectories whose reward is at least this (no reward: left out)")
+    p.add_argument("--status", choices=["ok", "error", "unset"], help="only trajectories whose ROLLOUT span has this status")
+    p.add_argument("--page-size", type=int, default=256, help="trajectories per query (what one query holds in memory)")
+    _add_common(p)
+    p.set_defaults(func=commands.cmd_export)
 
     p = sub.add_parser(
         "watch",

@@ -227,6 +227,26 @@ def cmd_gpu_poller(args: argparse.Namespace) -> int:
                 role=args.role, rank=args.rank, project=args.project, node=args.node, pod=args.pod)
 
 
+def cmd_engine_poller(args: argparse.Namespace) -> int:
+    from rlpulse.producers.engine_poller import main as poll
+    from rlpulse.schemas.settings import parse_duration
+
+    return poll(settings_of(args), args.metrics_urls, run_id=args.run_id, attempt=args.attempt, project=args.project,
+                pod=args.pod, interval_s=parse_duration(args.interval), timeout_s=parse_duration(args.timeout),
+                max_bytes=args.max_bytes)
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from rlpulse.sinks.capacity import capacity_tables, render_capacity
+    from rlpulse.sinks.clickhouse import open_reader
+
+    settings = settings_of(args)
+    with open_reader(settings.clickhouse_dsn, owner="rlpulse capacity") as store:
+        pools, projects = capacity_tables(store)
+    sys.stdout.write(render_capacity(pools, projects))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from rlpulse.sinks.clickhouse import open_reader
     from rlpulse.sinks.report import print_report
@@ -269,6 +289,23 @@ def _require_rows(store, run: str | None, project: str | None) -> None:
         raise NoDataError(f"no rows name run {run!r} in {store.url}. Latest runs: {latest('run_id')}")
     if project is not None and not has_rows(store, "project", project):
         raise NoDataError(f"no rows of project {project!r} in {store.url}. Latest projects: {latest('project')}")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rlpulse.sinks.clickhouse import open_reader, require_database
+    from rlpulse.sinks.export import Filters, export_to
+
+    filters = Filters(project=args.project, run_id=args.run_id, min_step=args.min_step, max_step=args.max_step,
+                      sample_id=args.sample_id, min_reward=args.min_reward, status=args.status)
+    filters.check()  # bad arguments fail before the store is opened
+    settings = settings_of(args)
+    with open_reader(settings.clickhouse_dsn, owner="rlpulse export") as store:
+        require_database(store)
+        done = export_to(store, args.what, args.output, args.format, filters, args.page_size)
+    # stderr: the output may be stdout
+    print(f"rlpulse export: {done.rows} {args.what} rows of {done.trajectories} trajectories to {args.output} "
+          f"({done.without_calls} selected trajectories had no LLM call; {done.pages} pages)", file=sys.stderr)
+    return 0
 
 
 def cmd_watch(args: argparse.Namespace) -> int:

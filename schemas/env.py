@@ -48,7 +48,7 @@ KAFKA_SSL_CAFILE = _var("RLPULSE_KAFKA_SSL_CAFILE", SETTINGS, "PEM CA bundle the
 KAFKA_SSL_CERTFILE = _var("RLPULSE_KAFKA_SSL_CERTFILE", SETTINGS, "a client certificate (PEM) for mTLS")
 KAFKA_SSL_KEYFILE = _var("RLPULSE_KAFKA_SSL_KEYFILE", SETTINGS, "the client certificate's key (PEM)")
 KAFKA_SSL_KEY_PASSWORD = _var("RLPULSE_KAFKA_SSL_KEY_PASSWORD", SETTINGS, "the client key's password, if encrypted")
-TTL_RAW_DAYS = _var("RLPULSE_TTL_RAW_DAYS", SETTINGS, "days ClickHouse keeps spans, steps, GPU samples, placements")
+TTL_RAW_DAYS = _var("RLPULSE_TTL_RAW_DAYS", SETTINGS, "days ClickHouse keeps the raw events: spans, steps, hardware")
 TTL_AGGREGATE_DAYS = _var("RLPULSE_TTL_AGGREGATE_DAYS", SETTINGS,
                           "days ClickHouse keeps windows, step figures, histograms, alerts")
 CLICKHOUSE_CLUSTER = _var("RLPULSE_CLICKHOUSE_CLUSTER", SETTINGS, "a remote_servers cluster: migrations ON CLUSTER")
@@ -66,6 +66,10 @@ ALERT_STALENESS_MAX = _var("RLPULSE_ALERT_STALENESS_MAX", SETTINGS,
                            "a step whose rollouts' staleness (step - policy_version) exceeds this fires policy_stale")
 ALERT_XID_QUIET_AFTER = _var("RLPULSE_ALERT_XID_QUIET_AFTER", SETTINGS,
                              "an XID alert resolves after this long without a new XID")
+ALERT_ENGINE_KV_USAGE = _var("RLPULSE_ALERT_ENGINE_KV_USAGE", SETTINGS,
+                             "engine_saturated: KV-cache usage (0..1) at or above which an engine with requests waiting is full")
+ALERT_ENGINE_SATURATED_AFTER = _var("RLPULSE_ALERT_ENGINE_SATURATED_AFTER", SETTINGS,
+                                    "an engine saturated for longer than this fires engine_saturated")
 
 # Read by one command where it acts.
 ALERTS_WEBHOOK = _var("RLPULSE_ALERTS_WEBHOOK", COMMAND,
@@ -73,6 +77,8 @@ ALERTS_WEBHOOK = _var("RLPULSE_ALERTS_WEBHOOK", COMMAND,
 READ_PORT = _var("RLPULSE_READ_PORT", COMMAND, "port of the sink's read-only query endpoint (default: a free one)")
 BENCH_READ_PASSWORD = _var("RLPULSE_BENCH_READ_PASSWORD", COMMAND,
                            "the read endpoint's password, handed by the bench to its reader child")
+TRACE_CONTENT = _var("RLPULSE_TRACE_CONTENT", COMMAND,
+                     "1: traced LLM and tool spans record message content (rlpulse.producers.tracing; off by default)")
 
 # Read by the containers docker-compose.yml starts.
 SINK_PASSWORD = _var("RLPULSE_SINK_PASSWORD", DEPLOY, "password of ClickHouse's rlpulse_sink user")

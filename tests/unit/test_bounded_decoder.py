@@ -106,7 +106,7 @@ def test_each_hostile_container_is_refused_quickly_with_its_reason(name: str) ->
 
 
 def test_the_finding_1_message_is_small() -> None:
-    assert 2000 < len(endless_span()) < 4000  # the 2.7 KB of the report, and the fields the schema gained since
+    assert 2000 < len(endless_span()) < 5000  # the 2.7 KB of the report, and the fields the schema gained since
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))

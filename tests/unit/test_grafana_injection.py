@@ -121,7 +121,8 @@ def test_hostile_values_stay_one_literal_in_every_panel() -> None:
         ("clipped-ratio-trend", "run_id"), ("clipped-ratio-trend", "attempt"), ("gpu-utilization-by-run", "run_id"),
         ("reward-percentiles", "run_id"), ("reward-percentiles", "attempt"), ("span-tree", "run_id"),
         ("span-tree", "attempt"), ("span-tree", "rollout_id"), ("step-metrics", "run_id"), ("checkpoints", "run_id"),
-        ("failures-by-step", "run_id")}
+        ("failures-by-step", "run_id"), ("engine-by-step", "run_id"), ("engine-by-step", "attempt"),
+        ("trace-calls", "run_id")}
     out = clickhouse(queries)
 
     for key, name, variable, value in expected:

@@ -47,7 +47,7 @@ def test_calls_arrive_as_exactly_the_records_given():
     nulls = dict(parent_span_id=None, status_message="", attempt_id="", attributes={}, term=None, outcome=None, score=None,
                  judge_input_tokens=None, judge_output_tokens=None, reward=None, term_shares={}, completion_tokens=None,
                  max_tokens=None, clipped=None, sample_id=None, policy_version=None, finish_reason=None,
-                 checkpoint_op=None, checkpoint_bytes=None)
+                 checkpoint_op=None, checkpoint_bytes=None, metrics={})
     rollout_span = span_id("r/1/a/rollout")
     expected_spans = [
         {**nulls, **identity, "sequence_id": 1, "trace_id": trace_id("r/1/a"), "span_id": rollout_span, "name": "rollout",
