@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from rlpulse import services
 from rlpulse.pipeline import Pipeline, wait_groups_ready
@@ -44,6 +45,7 @@ def run_demo(settings: Settings) -> int:
         config = SimConfig(project=project, runs=3, steps=4, rollouts_per_step=8, stall_s=DEMO_STALL_AFTER_S + 3,
                            gpu=True)
         truth = simulate(settings, config, progress=_say)
+        traced, engines, capacity = _simulate_signals(settings, project)
         # the last window closes at its end + lateness; the per-step figures settle within seconds after
         window_ns = int(DEMO_WINDOW_S * 1e9)
         last_close = (time.time_ns() // window_ns + 1) * window_ns + int((DEMO_LATENESS_S + 3) * 1e9)
@@ -87,5 +89,59 @@ def run_demo(settings: Settings) -> int:
         f"ClickHouse agrees with what the simulator sent: {sum(sent.values())} grader failures in "
         f"{len({run for run, _, _ in sent})} runs, every term and cause accounted for"
     )
+    if not _print_signals(settings, project, traced, engines, capacity):
+        return 1
     _say(f"done in {time.monotonic() - started:.0f}s")
     return 0
+
+
+def _simulate_signals(settings: Settings, project: str) -> tuple[Any, int, int]:
+    """Issue 20's signals from simulated data: a traced agent's run (LLM and tool calls, content on),
+    a vLLM engine's samples (a sleep/wake cycle and a saturation episode) and two pools' capacity
+    reported by two service instances."""
+    from rlpulse.producers.engine_sim import simulate_capacity, simulate_engine
+    from rlpulse.producers.tracing_sim import simulate_traced_agent
+
+    traced = simulate_traced_agent(settings, project=project, run_id=f"{project}-agent")
+    engines = len(simulate_engine(settings, project, f"{project}-run1"))
+    capacity = simulate_capacity(settings, project=project)
+    _say(f"published a traced agent's run ({traced.llm_calls} LLM and {traced.tool_calls} tool calls in {traced.spans} "
+         f"spans), {engines} engine samples and {capacity} capacity reports")
+    return traced, engines, capacity
+
+
+def _print_signals(settings: Settings, project: str, traced: Any, engines: int, capacity: int) -> bool:
+    """The traced agent's span tree, the engine's figures and the capacity table, read from ClickHouse."""
+    from rlpulse.sinks.capacity import capacity_tables, render_capacity
+    from rlpulse.sinks.clickhouse import open_store
+    from rlpulse.sinks.queries import saved_sql
+    from rlpulse.sinks.report import print_table
+
+    with open_store(settings.clickhouse_dsn, owner="rlpulse demo") as store:
+        params = {"run_id": traced.run_id, "attempt": "1", "rollout_id": traced.example}
+        tree = store.client.query(saved_sql("span-tree", params, store.database), parameters=params)
+        rows = [dict(zip(tree.column_names, r)) for r in tree.result_rows]
+        print(f"\n== traced agent {traced.run_id}, rollout {traced.example}: its span tree (saved query span-tree) ==")
+        for r in rows:
+            print(f"  {'  ' * int(r['depth'])}{r['kind']:<8} {r['name']}  {r['duration_ms']:.0f} ms  {r['status']}")
+        engine = store.client.query(f"""
+            SELECT pod, count() AS samples, max(requests_waiting) AS max_waiting, round(max(kv_cache_usage), 3) AS max_kv,
+                   round(avg(awake), 3) AS awake_share, round(quantile(0.5)(ttft_p90_s), 3) AS ttft_p90_s
+            FROM {store.database}.engine_samples FINAL WHERE project = {{p:String}} GROUP BY pod ORDER BY pod""",
+            parameters={"p": project})
+        print(f"\n== rollout engines of project {project} (engine_samples) ==")
+        print_table(engine.column_names, engine.result_rows)
+        saturated = store.client.query(f"SELECT state FROM {store.database}.alerts FINAL WHERE rule = 'engine_saturated' "
+                                       "AND project = {p:String} ORDER BY time_ns", parameters={"p": project}).result_rows
+    with open_store(settings.clickhouse_dsn, owner="rlpulse demo") as store:  # run_query leaves its client read-only
+        pools, projects = capacity_tables(store)
+    print("\n== capacity (rlpulse capacity) ==")
+    print(render_capacity(pools, projects), end="")
+    ok = bool(rows) and engine.result_rows and [s for (s,) in saturated] == ["FIRING", "RESOLVED"] and pools
+    if not ok:
+        _say(f"MISSING issue 20 signals: span tree {len(rows)} spans, engine rows {len(engine.result_rows)}, "
+             f"engine_saturated {saturated}, capacity pools {len(pools)}")
+        return False
+    _say(f"the traced agent's tree ({len(rows)} spans), {engines} engine samples with one engine_saturated episode, "
+         f"and {capacity} capacity reports are in ClickHouse")
+    return True

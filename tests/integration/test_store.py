@@ -19,11 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 def test_migrations_apply_once_and_record_themselves(tmp_path: Path) -> None:
     with open_store(f"chdb://{tmp_path / 'ch'}", owner="test") as store:
         assert migrate(store) == ["001_init", "002_step_figures", "003_grader_windows", "004_writer_ids_and_grader_failures",
-                                  "005_placements_by_gpu"]
+                                  "005_placements_by_gpu", "006_trainers", "007_engine_capacity", "008_traces",
+                                  "009_checkpoints"]
         assert migrate(store) == []
         tables = {r[0] for r in store.client.query("SHOW TABLES FROM rlpulse").result_rows}
     assert {"spans", "steps", "gpu_samples", "placements", "grader_failures", "alerts", "step_stats",
-            "reward_histograms", "completion_length_histograms", "schema_migrations"} <= tables
+            "reward_histograms", "completion_length_histograms", "schema_migrations", "engine_samples", "capacity",
+            "step_metrics"} <= tables
 
 
 def test_004_adds_writer_ids_and_folds_grader_failures_per_source_partition_into_one_row(tmp_path: Path) -> None:
@@ -119,7 +121,7 @@ def test_005_puts_the_gpu_in_the_placements_key_and_keeps_every_row(tmp_path: Pa
         select = f"SELECT run_id, time_ns, rank, `index`, hw_id FROM {db}.placements ORDER BY run_id, time_ns, rank, hw_id"
         before = q(select).result_rows
         assert len(before) == 7
-        assert migrate(store) == ["005_placements_by_gpu"]
+        assert migrate(store, until="005_placements_by_gpu") == ["005_placements_by_gpu"]
         after = q(select).result_rows
         assert after == before
         assert q(select.replace("placements", "placements FINAL")).result_rows == before
