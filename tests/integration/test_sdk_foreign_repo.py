@@ -129,7 +129,7 @@ def test_a_job_with_its_own_schemas_streams_producers_and_sinks_publishes_throug
             rollout = f"s{step}-r{i}"
             expected_spans.append(("ROLLOUT", rollout, step, i / 4, {"judge": i / 8}, 100 * i, i == 3, None, None))
             outcome = ("ok", "timeout")[i % 2]
-            expected_spans.append(("GRADER", rollout, step, None, {}, None, None, outcome, i / 4 if outcome == "ok" else 0.0))
+            expected_spans.append(("GRADER", rollout, step, None, {}, None, None, outcome, i / 4 if outcome == "ok" else None))
     assert [(r["kind"], r["rollout_id"], r["step"], r["reward"], r["term_shares"], r["completion_tokens"], r["clipped"],
              r["outcome"], r["score"]) for r in spans] == expected_spans
     assert [r["sequence_id"] for r in spans] == list(range(1, 25))

@@ -144,7 +144,9 @@ def test_no_secret_in_any_log_output_command_line_or_file(settings: Settings, mo
             out, _ = feed.communicate(timeout=60)
             cli.outputs.append(("alerts (webhook from the environment)", out))
             assert feed.returncode == 0, out
-            assert receiver.requests >= 3 and len(receiver.received) == 2, out
+            # every alert the pipeline raised is posted once (the first attempt fails once, on purpose)
+            alerts = int(cli("query", "SELECT count() FROM rlpulse.alerts FINAL", "--format", "csv").stdout.split()[-1])
+            assert alerts >= 2 and receiver.requests >= alerts + 1 and len(receiver.received) == alerts, out
             assert "webhook http://127.0.0.1:" in out  # the origin only
             # ... and on the command line (the user's choice to show it to `ps`; the output still hides it).
             again = cli("alerts", "--once", "--from-beginning", "--group", f"{settings.topic_prefix}-again",

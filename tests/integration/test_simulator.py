@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rlpulse.schemas.enums import FAILURE_CAUSES
 from rlpulse.pipeline import settings_env
 from rlpulse.schemas.settings import Settings
 
@@ -34,5 +35,5 @@ def test_same_seed_same_ground_truth(settings: Settings, tmp_path: Path) -> None
     assert first["undelivered"] == 0 and first["gpu_samples"] == 6
     assert sum(first["rollouts"].values()) == 2 * 3 * 8 + 8  # two runs, and the silent one's single step
     causes = {key.rsplit("/", 1)[1] for key in first["failures"]}
-    assert causes == {"timeout", "unavailable", "unreadable", "ungradable"}
+    assert causes == set(FAILURE_CAUSES)
     assert "silent_run/sim/sim-silent/1/FIRING" in first["expected_alerts"]

@@ -8,7 +8,7 @@ TRL's stack (``.venv-trl``, built by ``tests/trainers/trainer_venv.py`` when mis
 
 Steps follow ``rlpulse.producers.integrations.trl``: a batch generated at ``global_step == k`` is
 step ``k + 1`` with policy version ``k + 1``. TRL logs a batch's figures at that step
-(``trl/trainer/grpo_trainer.py``, TRL 1.16), and the test computes the same from the rows:
+(TRL 1.16's module ``trl.trainer.grpo_trainer``), and the test computes the same from the rows:
 
 * ``completions/clipped_ratio``: ``mean(ids[-1] not in eos_and_pad)`` over the batch's
   completions -> ``countIf(clipped) / count()`` of its ROLLOUT spans, and ``step_stats.clipped_ratio``.

@@ -1,5 +1,5 @@
 """The TRL integration's mapping, without TRL: a stand-in trainer calls the hooks and the reward
-functions as TRL 1.16's ``GRPOTrainer`` does (``trl/trainer/grpo_trainer.py``: the reward functions'
+functions as TRL 1.16's ``GRPOTrainer`` does (module ``trl.trainer.grpo_trainer``: the reward functions'
 keyword arguments, None to NaN, the weighted ``nansum``; transformers' ``Trainer``: ``global_step``
 raised before ``on_step_end``, then ``log`` appending to ``log_history`` before ``on_log``), and
 what the SDK sent is read back from an ``InMemoryTransport``. The real trainer is
