@@ -119,6 +119,10 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     import json
 
@@ -130,7 +134,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     config = SimConfig(project=args.project, runs=args.runs, steps=args.steps, rollouts_per_step=args.rollouts,
                        terms=tuple(args.terms.split(",")), failure_rate=args.failure_rate, clip_rate=args.clip_rate,
                        seed=args.seed, stall_s=args.stall_s, silent_run=args.silent_run, gpu=args.gpu)
-    truth = simulate(settings, config, progress=print)
+    truth = simulate(settings, config, progress=_say)  # flushed: a pipe (tee, a test) sees each run as it ends
     if args.ground_truth:
         with open(args.ground_truth, "w") as f:
             json.dump(truth.as_dict(), f, indent=2, sort_keys=True)
