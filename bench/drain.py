@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from bench.monitor import EventIndex, OffsetSample, OffsetWatcher, RssSampler, profile_report, start_profile
+from bench.monitor import CpuMeter, EventIndex, OffsetSample, OffsetWatcher, RssSampler, profile_report, start_profile
 from bench.stats import weighted_percentile
 from bench.workload import LiveRuns, Message
 from rlpulse.pipeline import Pipeline
@@ -39,6 +39,7 @@ class DrainConfig:
     quiet_s: float = 5.0  # derived topics unchanged and every lag 0 for this long: drained
     profile_s: float = 15.0  # py-spy records this long from the first commit (0: no profile)
     profile_dir: Path | None = None
+    broker_pid: int | None = None  # the broker `services up` started (its CPU per event too), when it is ours
 
 
 @dataclass
@@ -86,6 +87,9 @@ async def measure_drain(settings: Settings, pipeline: Pipeline, index: EventInde
     streams, sink = settings.app_id, settings.sink_group
     result = DrainResult()
     rss = RssSampler({name: proc.pid for name, proc in pipeline.procs.items()})
+    cpu = CpuMeter({name: proc.pid for name, proc in pipeline.procs.items()}
+                   | ({"broker": config.broker_pid} if config.broker_pid else {}))
+    cpu_at_drained: dict[str, float] = {}
     first: OffsetSample | None = None  # first sample with a streams commit
     first_sink: OffsetSample | None = None
     candidate: OffsetSample | None = None  # first sample of the current all-done, nothing-growing stretch
@@ -107,6 +111,7 @@ async def measure_drain(settings: Settings, pipeline: Pipeline, index: EventInde
             result.timeline.append([round(s.t - started, 2), streams_events, sink_events, sink_lag])
             if first is None and streams_events > 0:
                 first = s
+                cpu.start()
                 if config.profile_s > 0 and config.profile_dir is not None:
                     for name, proc in pipeline.procs.items():
                         out = config.profile_dir / f"profile-{name}.raw"
@@ -123,6 +128,7 @@ async def measure_drain(settings: Settings, pipeline: Pipeline, index: EventInde
             elif candidate is None or {tp: n for tp, n in s.end.items() if tp.topic in derived} != \
                     {tp: n for tp, n in candidate.end.items() if tp.topic in derived}:
                 candidate = s
+                cpu_at_drained = cpu.stop()
             if candidate is not None and s.t - candidate.t >= config.quiet_s:
                 break
             if s.t - started > config.timeout_s:
@@ -159,6 +165,9 @@ async def measure_drain(settings: Settings, pipeline: Pipeline, index: EventInde
             figures["e2e_rate_basis"] = "from both groups ready to drained (the backlog drained before the first commit)"
         if streams_done is not None and streams_done.t > first.t:
             figures["streams_only_events_per_s"] = counted / (streams_done.t - first.t)
+        # CPU per event, from the first commit to drained: steady on a busy machine, where the rate is not
+        for name, seconds in cpu_at_drained.items():
+            figures[f"{name}_cpu_us_per_event"] = round(seconds / counted * 1e6, 3) if counted > 0 else None
     peaks = rss.peaks_mib()
     figures.update({"streams_peak_rss_mib": peaks.get("streams"), "sink_peak_rss_mib": peaks.get("sink"),
                     "rss_samples": rss.samples})

@@ -32,6 +32,7 @@ from bench.drain import DrainConfig, Sent, measure_drain, measure_latency, produ
 from bench.monitor import EventIndex
 from bench.stats import median
 from bench.workload import LiveRuns, Message, Truth, WorkloadConfig, messages
+from rlpulse import services
 from rlpulse.pipeline import Pipeline
 from rlpulse.progress import Ticker
 from rlpulse.schemas import env as envvars
@@ -231,6 +232,9 @@ def run_e2e(base: Settings, config: E2EConfig, results: Path, progress: Progress
     )
     for key in (
         "streams_only_events_per_s",
+        "streams_cpu_us_per_event",
+        "sink_cpu_us_per_event",
+        "broker_cpu_us_per_event",
         "drain_seconds",
         "startup_to_first_streams_commit_s",
         "startup_to_streams_group_ready_s",
@@ -279,7 +283,8 @@ def _repetition(
             progress(f"drain: starting rlpulse streams and rlpulse sink (logs in {log_dir})")
             started = time.monotonic()
             pipeline.start()
-            drain = dataclasses.replace(config.drain, profile_dir=results, profile_s=config.drain.profile_s if rep == 0 else 0)
+            drain = dataclasses.replace(config.drain, profile_dir=results, profile_s=config.drain.profile_s if rep == 0 else 0,
+                                        broker_pid=services.our_pid(base))
             drained = asyncio.run(measure_drain(settings, pipeline, index, drain, started, progress))
             for name in ("streams", "sink"):
                 profile = drained.figures.pop(f"profile_{name}", None)
@@ -337,7 +342,10 @@ def _ceilings(
     with_producer: bool,
     progress: Progress,
 ) -> None:
-    """Kafka's own tools on this backlog's spans topic (consumer) and a topic beside it (producer)."""
+    """Kafka's own tools on this backlog's spans topic (consumer) and a topic beside it (producer);
+    none with ``consumer_reps`` and ``ceiling_reps`` 0 (``--quick``)."""
+    if config.consumer_reps == 0 and config.ceiling_reps == 0:
+        return
     try:
         progress(f"ceilings: ConsumerPerformance x{config.consumer_reps} on {settings.topic('spans')}")
         libs = kafka_perf.tools_libs(base)  # the broker's jars, under the real RLPULSE_HOME

@@ -9,6 +9,7 @@ attaches to a running process without changing it.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import sys
@@ -75,6 +76,39 @@ class RssSampler:
 
     def peaks_mib(self) -> dict[str, float]:
         return {name: round(kib / 1024, 1) for name, kib in self.peak_kib.items()}
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` have used so far (0 for one that is gone)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / tick
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds each named process tree spends between :meth:`start` and :meth:`stop`.
+
+    The drain's rate moves with whatever else the machine runs; the CPU a process spends per
+    event barely does, so it is the figure that shows a change to a hot path on a busy machine.
+    """
+
+    pids: dict[str, int]
+    started: dict[str, float] = field(default_factory=dict)
+    spent: dict[str, float] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.started = {name: cpu_seconds(process_tree(pid)) for name, pid in self.pids.items()}
+
+    def stop(self) -> dict[str, float]:
+        self.spent = {name: cpu_seconds(process_tree(pid)) - self.started.get(name, 0.0) for name, pid in self.pids.items()}
+        return self.spent
 
 
 # -- consumer-group offsets -------------------------------------------------------------------

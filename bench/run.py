@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 # The home is the checkout's .rlpulse (rlpulse.schemas.files picks it for a checkout's rlpulse): the
 # broker `make services-up` started.
 
+from bench.compare import compare, load_baseline, table  # noqa: E402
 from bench.drain import DrainConfig  # noqa: E402
 from bench.e2e import E2EConfig, delete_topics, run_e2e  # noqa: E402
 from bench.options import REPS, add_arguments  # noqa: E402
@@ -41,36 +42,10 @@ from rlpulse.progress import Ticker  # noqa: E402
 from rlpulse.schemas.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
+BASELINE = RESULTS / "baseline.json"  # committed: every run is compared with it (bench/compare.py)
 MANY_TOPICS = 500  # a broker holding more is said to (see broker_topics)
 SDK_KEYS = ("sdk_call_ns_median", "sdk_call_ns_p99", "sdk_floor_ns_median", "producer_events_per_s",
             "sdk_call_ns_median_broker_down", "sdk_call_ns_p99_broker_down")
-
-# (key, label, unit, target) in the order the table prints them
-TABLE = [
-    ("sdk_call_ns_median", "SDK call, median", "ns", "<= 5000"),
-    ("sdk_call_ns_p99", "SDK call, p99", "ns", ""),
-    ("sdk_floor_ns_median", "dict + append (floor), median", "ns", ""),
-    ("sdk_call_over_floor", "  SDK call / floor", "x", "<= 3"),
-    ("sdk_call_ns_median_broker_down", "SDK call, broker down, median", "ns", "< 250000"),
-    ("sdk_call_ns_p99_broker_down", "SDK call, broker down, p99", "ns", "< 1000000"),
-    ("producer_events_per_s", "SDK -> Kafka", "events/s", ""),
-    ("producer_ceiling_events_per_s", "ProducerPerformance ceiling", "events/s", ""),
-    ("producer_over_ceiling", "  SDK producer / ceiling", "x", ""),
-    ("consumer_ceiling_events_per_s", "ConsumerPerformance ceiling", "events/s", ""),
-    ("broker_topics", "topics on the broker at the start", "", ""),
-    ("e2e_events_per_s", "backlog drain, streams + sink", "events/s", ">= 50000"),
-    ("e2e_events_per_s_reps", "  each drain (median above)", "events/s", ""),
-    ("e2e_over_consumer_ceiling", "  drain / consumer ceiling", "x", ""),
-    ("streams_only_events_per_s", "  streams alone reached lag 0 at", "events/s", ""),
-    ("startup_to_first_streams_commit_s", "start-up to first streams commit", "s", ""),
-    ("e2e_exact", "figures exact vs truth", "", "true"),
-    ("e2e_latency_p50_s", "event -> row latency, p50", "s", ""),
-    ("e2e_latency_p99_s", "event -> row latency, p99", "s", "< 3"),
-    ("latency_events_per_s", "  at a live load of", "events/s", ""),
-    ("streams_peak_rss_mib", "streams peak RSS ({runs} runs)", "MiB", "< 500"),
-    ("sink_peak_rss_mib", "sink peak RSS", "MiB", ""),
-]
-
 
 def _say(text: str) -> None:
     print(text, flush=True)
@@ -101,29 +76,6 @@ def add_ratios(r: dict[str, Any]) -> None:
     r["sdk_call_over_floor"] = ratio(r.get("sdk_call_ns_median"), r.get("sdk_floor_ns_median"))
     r["producer_over_ceiling"] = ratio(r.get("producer_events_per_s"), r.get("producer_ceiling_events_per_s"))
     r["e2e_over_consumer_ceiling"] = ratio(r.get("e2e_events_per_s"), r.get("consumer_ceiling_events_per_s"))
-
-
-def _fmt(value: Any, unit: str) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, list):
-        return " / ".join(_fmt(v, unit) for v in value)
-    if isinstance(value, bool):
-        return str(value).lower()
-    if unit == "x":
-        return f"{value:.2f}"
-    if unit in ("s",):
-        return f"{value:.3f}"
-    return f"{value:,.0f}" if isinstance(value, (int, float)) else str(value)
-
-
-def table(r: dict[str, Any]) -> str:
-    runs = f"{r['e2e_runs']:,}" if r.get("e2e_runs") else "?"
-    rows = [(label.format(runs=runs), _fmt(r.get(key), unit), unit, target) for key, label, unit, target in TABLE]
-    w = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = [f"{'figure'.ljust(w[0])}  {'value'.rjust(w[1])}  {'unit'.ljust(w[2])}  target", "-" * (sum(w) + 14)]
-    lines += [f"{a.ljust(w[0])}  {b.rjust(w[1])}  {c.ljust(w[2])}  {d}" for a, b, c, d in rows]
-    return "\n".join(lines)
 
 
 def _git_commit() -> str | None:
@@ -178,18 +130,20 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"make bench: the broker holds {results['broker_topics']:,} topics; start-up and latency are slower than on "
              "a fresh broker's (compare runs on brokers holding alike)")
     results.update({k: None for k in SDK_KEYS})
-    if not args.skip_sdk:
-        sdk = sdk_figures(settings, repetitions=1 if args.quick else REPS)
+    if not args.skip_sdk and not args.quick:
+        sdk = sdk_figures(settings, repetitions=REPS)
         results["errors"].update(sdk.pop("errors", {}))
         results.update(sdk)
         if not args.keep:  # bench/sdk.py's topics (under <prefix>-sdkbench-): give the broker's disk back
             asyncio.run(delete_topics(settings, (f"{settings.topic_prefix}-sdkbench-",)))
     if not args.skip_e2e:
-        workload = WorkloadConfig(runs=50 if args.quick else args.runs)
+        # --quick: the same 1,000-run backlog drained once, no ceilings, no profile, 5 s of latency
+        workload = WorkloadConfig(runs=args.runs)
         config = E2EConfig(workload=workload, latency_s=5.0 if args.quick else args.latency_s, keep=args.keep,
-                           reps=1 if args.quick else args.reps, ceiling_reps=1 if args.quick else REPS,
-                           consumer_reps=1 if args.quick else 2,
-                           drain=DrainConfig(timeout_s=args.drain_timeout, profile_s=0 if args.no_profile else 15.0))
+                           reps=1 if args.quick else args.reps, ceiling_reps=0 if args.quick else REPS,
+                           consumer_reps=0 if args.quick else 2,
+                           drain=DrainConfig(timeout_s=args.drain_timeout,
+                                             profile_s=0 if args.no_profile or args.quick else 15.0))
         e2e = run_e2e(settings, config, results_dir, _say)
         results["errors"].update(e2e.pop("errors", {}))
         results.update(e2e)
@@ -204,7 +158,15 @@ def main(argv: list[str] | None = None) -> int:
         top = results.get(f"profile_{name}_top")
         if top:
             _say(f"\nprofile of rlpulse {name} ({results_dir / f'profile-{name}.txt'}):\n" + "\n".join(top[:16]))
-    _say("\n" + table(results))
+    baseline = load_baseline(BASELINE)
+    if baseline is not None:
+        results["vs_baseline"] = compare(results, baseline)
+        results["baseline_commit"] = baseline.get("git_commit")
+        (results_dir / "latest.json").write_text(json.dumps(results, indent=2, default=str))
+    _say("\n" + table(results, results.get("vs_baseline"), results.get("baseline_commit")))
+    if args.save_baseline:
+        BASELINE.write_text(json.dumps(results, indent=2, default=str))
+        _say(f"saved as the baseline: {BASELINE} (commit it)")
     for what, why in results["errors"].items():
         _say(f"not measured or failed: {what}: {why}")
     _say(f"\n{results['seconds']:.0f}s; written to {results_dir / 'latest.json'} and {results_dir / (stamp + '.json')}")
