@@ -290,6 +290,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_common(p)
     p.set_defaults(func=commands.cmd_watch)
+
+    p = sub.add_parser(
+        "ui",
+        help="a local read-only web page: runs, a run's charts, a step's samples, a trajectory",
+        description="Serves pages read from ClickHouse (through the sink's read endpoint while the sink holds a chDB "
+        "store): the runs, a run's figures per step, a step's samples with their trajectories side by side, a "
+        "trajectory's dialogue, tool calls, graders and span tree. Every view is a URL. Prints the address with a "
+        f"token, as Jupyter does ({envvars.UI_TOKEN} sets it); a request without it gets 403.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8421, help="port (default 8421; 0: any free one)")
+    _add_common(p)
+    p.set_defaults(func=commands.cmd_ui)
     return parser
 
 

@@ -329,6 +329,32 @@ def cmd_watch(args: argparse.Namespace) -> int:
                  project=args.project, show_all=args.all, once=args.once, metrics=tuple(args.metric))
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    from rlpulse.sinks.clickhouse import mask_url, open_reader
+    from rlpulse.sinks.ui_server import UiServer
+
+    if not args.verbose:  # a page that cannot read says why itself; the driver's retries would fill the terminal
+        for name in ("urllib3", "clickhouse_connect"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    dsn = settings_of(args).clickhouse_dsn
+    try:  # a token from the environment stays out of `ps` and lets a script open the page
+        server = UiServer(lambda: open_reader(dsn, owner="rlpulse ui"), mask_url(dsn), host=args.host, port=args.port,
+                          token=os.environ.get(envvars.UI_TOKEN) or None)
+    except OSError as exc:
+        raise RuntimeError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+                           "choose another port with --port (0: any free one)") from None
+    print(f"rlpulse ui: read-only pages of {mask_url(dsn)}", flush=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"rlpulse ui: listening on {args.host}, not loopback only: anyone who can reach it and has the token "
+              "can read every run", flush=True)
+    print(f"  open {server.token_url}\n  (Ctrl-C stops it)", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+    return 0
+
+
 def bench_options():
     """bench/options.py of this checkout, loaded by path (bench/ is not an installed package); None without it."""
     import importlib.util

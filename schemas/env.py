@@ -83,6 +83,7 @@ TRACE_CONTENT = _var("RLPULSE_TRACE_CONTENT", COMMAND,
 # Read by the containers docker-compose.yml starts.
 SINK_PASSWORD = _var("RLPULSE_SINK_PASSWORD", DEPLOY, "password of ClickHouse's rlpulse_sink user")
 READER_PASSWORD = _var("RLPULSE_READER_PASSWORD", DEPLOY, "password of ClickHouse's read-only rlpulse_reader user")
+UI_TOKEN = _var("RLPULSE_UI_TOKEN", COMMAND, "`rlpulse ui`'s token (default: a new random one at every start)")
 CLUSTER_SECRET = _var("RLPULSE_CLUSTER_SECRET", DEPLOY, "the secret the ClickHouse cluster's servers share")
 
 # Read by the tests.
