@@ -218,6 +218,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=commands.cmd_capacity)
 
+    p = sub.add_parser(
+        "retention",
+        help="how long each table keeps its rows, per table and project (ClickHouse TTL), and what the sink kept out",
+        description="`rlpulse retention` shows each table's retention (its default and the projects with their own) "
+        "and the content the sink kept out (trajectories past the span cap, characters cut). `set` and `clear` change "
+        "a table's TTL: rows whose event time is older are deleted, those already stored too. `clear --project P` puts "
+        "P back under the table's default; `clear` alone puts the default back to "
+        f"{envvars.TTL_RAW_DAYS} or {envvars.TTL_AGGREGATE_DAYS}. With a chDB store, stop the sink to change it.",
+    )
+    p.add_argument("action", nargs="?", choices=["show", "set", "clear"], default="show")
+    p.add_argument("--table", help="set/clear: the table (spans, steps, step_stats, ...)")
+    p.add_argument("--days", type=int, help="set: keep rows this many days (1 to 36500)")
+    p.add_argument("--project", help="set/clear: this project's own retention; show: only this project")
+    _add_common(p)
+    p.set_defaults(func=commands.cmd_retention)
+
     p = sub.add_parser("bench", help="the benchmarks of `make bench`: SDK, Kafka ceilings, drain, latency, memory")
     bench_options = commands.bench_options()
     if bench_options is not None:

@@ -251,6 +251,22 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_retention(args: argparse.Namespace) -> int:
+    from rlpulse.sinks.retention_report import change_retention, show_retention
+
+    if args.action == "show":
+        if args.table is not None or args.days is not None:
+            raise ValueError("show takes only --project; change retention with: rlpulse retention set --table T --days N")
+        show_retention(settings_of(args), args.project)
+        return 0
+    if args.table is None:
+        raise ValueError(f"{args.action} needs --table")
+    if (args.action == "set") != (args.days is not None):
+        raise ValueError("set needs --days N; clear takes no --days")
+    change_retention(settings_of(args), args.table, args.days, args.project)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from rlpulse.sinks.clickhouse import open_reader
     from rlpulse.sinks.report import print_report

@@ -51,6 +51,10 @@ KAFKA_SSL_KEY_PASSWORD = _var("RLPULSE_KAFKA_SSL_KEY_PASSWORD", SETTINGS, "the c
 TTL_RAW_DAYS = _var("RLPULSE_TTL_RAW_DAYS", SETTINGS, "days ClickHouse keeps the raw events: spans, steps, hardware")
 TTL_AGGREGATE_DAYS = _var("RLPULSE_TTL_AGGREGATE_DAYS", SETTINGS,
                           "days ClickHouse keeps windows, step figures, histograms, alerts")
+SPAN_CAP = _var("RLPULSE_SPAN_CAP", SETTINGS,
+                "trajectories per (run, attempt, step) whose spans the sink keeps in full; others lose their content (0: all)")
+SINK_CONTENT_MAX_CHARS = _var("RLPULSE_SINK_CONTENT_MAX_CHARS", SETTINGS,
+                              "characters the sink keeps of any one span attribute value (0: no cap)")
 CLICKHOUSE_CLUSTER = _var("RLPULSE_CLICKHOUSE_CLUSTER", SETTINGS, "a remote_servers cluster: migrations ON CLUSTER")
 SINK_RAW = _var("RLPULSE_SINK_RAW", SETTINGS, "0: the sink leaves the raw topics to ClickHouse's Kafka engine")
 FAULTS = _var("RLPULSE_FAULTS", SETTINGS, "faults injected on purpose by the fault tests (rlpulse.schemas.faults)")
@@ -79,11 +83,11 @@ BENCH_READ_PASSWORD = _var("RLPULSE_BENCH_READ_PASSWORD", COMMAND,
                            "the read endpoint's password, handed by the bench to its reader child")
 TRACE_CONTENT = _var("RLPULSE_TRACE_CONTENT", COMMAND,
                      "1: traced LLM and tool spans record message content (rlpulse.producers.tracing; off by default)")
+UI_TOKEN = _var("RLPULSE_UI_TOKEN", COMMAND, "`rlpulse ui`'s token (default: a new random one at every start)")
 
 # Read by the containers docker-compose.yml starts.
 SINK_PASSWORD = _var("RLPULSE_SINK_PASSWORD", DEPLOY, "password of ClickHouse's rlpulse_sink user")
 READER_PASSWORD = _var("RLPULSE_READER_PASSWORD", DEPLOY, "password of ClickHouse's read-only rlpulse_reader user")
-UI_TOKEN = _var("RLPULSE_UI_TOKEN", COMMAND, "`rlpulse ui`'s token (default: a new random one at every start)")
 CLUSTER_SECRET = _var("RLPULSE_CLUSTER_SECRET", DEPLOY, "the secret the ClickHouse cluster's servers share")
 
 # Read by the tests.

@@ -138,6 +138,11 @@ class Settings:
     alerts: AlertThresholds = dataclasses.field(default_factory=AlertThresholds)
     ttl_raw_days: int = 90  # spans, steps, GPU samples, placements, engine samples, capacity
     ttl_aggregate_days: int = 365  # windows, step figures, histograms, alerts
+    # Content kept within bounds by the sink (sinks/content_bounds.py); the streams' figures count
+    # every event whatever these say. The trajectories per (run, attempt, step) kept in full (0: all),
+    # and the characters kept of any one span attribute value (the SDK's own limit, for other writers).
+    span_cap: int = 0
+    sink_content_max_chars: int = 64 * 1024
     # A remote_servers cluster name: migrations create replicated <table>_local parts and
     # Distributed tables ON CLUSTER (sinks/cluster_ddl.py). Empty: one server (or chDB).
     clickhouse_cluster: str = ""
@@ -170,6 +175,8 @@ class Settings:
         envvars.KAFKA_SSL_KEY_PASSWORD: ("kafka_ssl_key_password", str),
         envvars.TTL_RAW_DAYS: ("ttl_raw_days", int),
         envvars.TTL_AGGREGATE_DAYS: ("ttl_aggregate_days", int),
+        envvars.SPAN_CAP: ("span_cap", int),
+        envvars.SINK_CONTENT_MAX_CHARS: ("sink_content_max_chars", int),
         envvars.CLICKHOUSE_CLUSTER: ("clickhouse_cluster", str),
         envvars.SINK_RAW: ("sink_raw", _flag),
         envvars.FAULTS: ("faults", Faults.parse),
@@ -218,6 +225,10 @@ class Settings:
         settings = cls(**values)  # type: ignore[arg-type]
         if settings.partitions < 1:
             raise ValueError(f"{envvars.PARTITIONS} must be at least 1")
+        for var, value in ((envvars.SPAN_CAP, settings.span_cap), (envvars.SINK_CONTENT_MAX_CHARS,
+                                                                    settings.sink_content_max_chars)):
+            if not 0 <= value <= 1 << 30:  # a bound that still fits the SQL's UInt32 arithmetic
+                raise ValueError(f"{var} must be from 0 (no cap) to {1 << 30}, got {value}")
         return settings
 
     def __post_init__(self) -> None:

@@ -39,6 +39,7 @@ from rlpulse.schemas.topics import topics_partitions
 from rlpulse.sinks.avro_sql import Plans
 from rlpulse.sinks.checkpoint import Checkpoint, Policy
 from rlpulse.sinks.clickhouse import Store, table_columns
+from rlpulse.sinks.content_bounds import Bounds
 from rlpulse.sinks.dlq import queue_dead_letter, send_dead_letter
 from rlpulse.sinks.message_checks import Limits, check_message
 from rlpulse.sinks.writer import Backoff, Entry, TableWriter, inserter_for
@@ -74,6 +75,8 @@ class ClickHouseSink:
         self._topics = {settings.topic(short): short for short in sink_topics(settings.sink_raw)}
         self._dlq = settings.topic(DLQ_TOPIC)
         self._plans = Plans(table_columns(store))
+        # The spans' content caps (rlpulse.sinks.content_bounds): only the INSERT's SELECT changes.
+        self._bounds = Bounds(settings.span_cap, settings.sink_content_max_chars)
         self._inserter = inserter_for(store, settings.faults, insert_limit_s)  # the faults the tests switch on, if any
         self.insert_left_running = False  # set at the stop: an insert the engine could not stop is still running
         self._backoff = backoff or Backoff()
@@ -112,7 +115,7 @@ class ClickHouseSink:
         writer = self._writers.get(table)
         if writer is None:
             writer = self._writers[table] = TableWriter(table, self._inserter, self._plans, self._reject,
-                                                        self._backoff, self._on_retry)
+                                                        self._backoff, self._on_retry, self._bounds)
         return writer
 
     async def _reject(self, msg: Any, reason: str) -> None:

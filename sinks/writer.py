@@ -38,6 +38,7 @@ from clickhouse_connect.driver.exceptions import DataError, OperationalError
 
 from rlpulse.schemas.codec import DecodeError, Header, concat
 from rlpulse.sinks.avro_sql import IncompatibleSchema, InsertPlan, Plans
+from rlpulse.sinks.content_bounds import Bounds, bounded_plan
 # The inserters (one per backend, bounded in time) and ClickHouse's error codes live in
 # rlpulse.sinks.inserter; named here too, as the sink and the tests import them from the writer.
 from rlpulse.sinks.inserter import (CONTENT_CODES, OUTAGE_CODES, SLOW_INSERT_MARK, ChdbInserter, HttpInserter,
@@ -123,8 +124,10 @@ class TableWriter:
     """
 
     def __init__(self, table: str, inserter: Inserter, plans: Plans, dead_letter: DeadLetter,
-                 backoff: Backoff | None = None, on_retry: Callable[[str, int, BaseException], None] | None = None):
+                 backoff: Backoff | None = None, on_retry: Callable[[str, int, BaseException], None] | None = None,
+                 bounds: Bounds | None = None):
         self.table = table
+        self._bounds = bounds or Bounds()  # the spans' content caps (rlpulse.sinks.content_bounds)
         self._inserter = inserter
         self._plans = plans
         self._dead_letter = dead_letter
@@ -153,13 +156,16 @@ class TableWriter:
         tries = 0
         dedup = token(self.table, schema_json, group)
         data: bytes | None = None
+        run_plan: InsertPlan = plan
         loop = asyncio.get_running_loop()
         started = loop.time()
         while True:
             try:
                 if data is None:  # once, not on every retry; a failure here is classified like the insert's
                     data = concat([e.msg.value for e in group], [e.header for e in group])
-                await self._inserter.run(plan, data, dedup)
+                    # Caps on: the same container, another SELECT (per insert, from the messages' keys only).
+                    run_plan = bounded_plan(plan, self._bounds, {e.msg.key for e in group}) if self._bounds.active else plan
+                await self._inserter.run(run_plan, data, dedup)
             except Exception as exc:  # classified below: the driver raises many types
                 kind = classify(exc)
                 if kind == "rejected":
