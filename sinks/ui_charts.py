@@ -27,12 +27,12 @@ class Axis:
     hi: float
 
     def x(self, step: float) -> float:
-        span = (self.hi - self.lo) or 1.0
-        return LEFT + 8 + (step - self.lo) / span * (W - LEFT - RIGHT - 16)
+        """The pixel of a step: the middle of its slot (a bar or heatmap column fills the slot)."""
+        return LEFT + (step - self.lo + 0.5) * self.slot()
 
     def slot(self) -> float:
         """Pixels of one step."""
-        return (W - LEFT - RIGHT - 16) / ((self.hi - self.lo) + 1 or 1)
+        return (W - LEFT - RIGHT) / ((self.hi - self.lo) + 1)
 
 
 def _y(lo: float, hi: float, h: int):
@@ -59,8 +59,10 @@ def frame(name: str, title: str, axis: Axis, body: str, h: int = H, y_ticks: Seq
 
 
 def no_data(name: str, title: str, axis: Axis, why: str = "no data") -> str:
-    return frame(name, title, axis, f'<text class="no-data" x="{W / 2}" y="{H / 2}" text-anchor="middle" fill="#888">'
-                                    f"{esc(why)}</text>")
+    """A short frame saying so (no axis to read)."""
+    return (f'<svg class="chart empty" data-chart="{esc(name)}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} 44" '
+            f'font-family="sans-serif" font-size="11"><text x="{LEFT}" y="18" font-size="13" font-weight="bold">{esc(title)}'
+            f'</text><text class="no-data" x="{LEFT}" y="36" fill="#888">{esc(why)}</text></svg>')
 
 
 def lines(name: str, title: str, axis: Axis, series: dict[str, list[tuple[float, float]]],

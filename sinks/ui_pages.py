@@ -155,7 +155,7 @@ def _run_charts(d: data.RunData, axis: charts.Axis, inside: set[int], chosen: Se
                                                         if r["generation_tokens_per_s"] is not None]})
     util = {label: [(data.step_at(d.marks, t), u) for t, u, _ in pts] for label, pts in d.gpus.items()}
     power = {label: [(data.step_at(d.marks, t), p) for t, _, p in pts] for label, pts in d.gpus.items()}
-    gpu = charts.lines("gpu-utilization", "GPU utilisation per GPU (%), placed on the step axis", axis, util)
+    gpu = charts.lines("gpu-utilization", "GPU utilisation per GPU (0..1), placed on the step axis", axis, util)
     gpu_power = charts.lines("gpu-power", "GPU power per GPU (W), placed on the step axis", axis, power)
     alerts = charts.alert_lanes("alerts", "Alerts of the run and its GPUs, placed on the step axis", axis,
                                 [(data.step_at(d.marks, t), rule, state, f"{when(t)} {rule} {state}: {summary}")
