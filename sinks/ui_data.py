@@ -51,6 +51,12 @@ def has_tables(store: Store) -> bool:
                      name=store.database)[0][0])
 
 
+def has_column(store: Store, table: str, column: str) -> bool:
+    """Whether ``table`` has ``column`` (a store not migrated to the latest migration may lack it)."""
+    return bool(rows(store, "SELECT count() FROM system.columns WHERE database = {d:String} AND table = {t:String} "
+                            "AND name = {c:String}", d=store.database, t=table, c=column)[0][0])
+
+
 def projects(store: Store) -> list[str]:
     return [str(r[0]) for r in rows(store, "SELECT DISTINCT project FROM {db}.steps ORDER BY project LIMIT 1000")]
 
@@ -219,6 +225,7 @@ class Rollout:
     finish_reason: str | None
     graders: list[tuple[str, str, float | None]]  # (term, outcome, score)
     spans: int
+    capped: bool = False  # stored without its content: past the sink's cap of full trajectories per step
 
     @property
     def failed(self) -> list[str]:
@@ -227,25 +234,28 @@ class Rollout:
 
 def step_rollouts(store: Store, project: str, run: str, attempt: int, step: int) -> list[Rollout]:
     """The step's rollouts with their graders, one aggregate query (each span once: LIMIT 1 BY span_id)."""
+    capped = "content_capped" if has_column(store, "spans", "content_capped") else "0"
     found = rows(store, f"""
         SELECT traj, anyIf(smp, kind = 'ROLLOUT'), anyIf(reward, kind = 'ROLLOUT'), anyIf(reward, kind = 'REWARD'),
                anyIf(status, kind = 'ROLLOUT'), anyIf(status_message, kind = 'ROLLOUT'), anyIf(clipped, kind = 'ROLLOUT'),
                anyIf(completion_tokens, kind = 'ROLLOUT'), anyIf(finish_reason, kind = 'ROLLOUT'),
-               arraySort(groupArrayIf((ifNull(term, ''), ifNull(outcome, ''), score), kind = 'GRADER')), count()
+               arraySort(groupArrayIf((ifNull(term, ''), ifNull(outcome, ''), score), kind = 'GRADER')), count(),
+               max(capped)
         FROM (SELECT if(rollout_id != '', rollout_id, concat('trace ', trace_id)) AS traj, {SAMPLE_SQL} AS smp, kind,
-                     reward, status, status_message, clipped, completion_tokens, finish_reason, term, outcome, score
+                     reward, status, status_message, clipped, completion_tokens, finish_reason, term, outcome, score,
+                     {capped} AS capped
               FROM {{db}}.spans
               WHERE project = {{p:String}} AND run_id = {{r:String}} AND attempt = {{a:UInt32}} AND step = {{s:Int64}}
               ORDER BY span_id, sequence_id LIMIT 1 BY span_id)
         GROUP BY traj HAVING countIf(kind = 'ROLLOUT') > 0 ORDER BY traj LIMIT {ROLLOUT_CAP}""",
                  p=project, r=run, a=attempt, s=step)
     out = []
-    for key, sample, reward, reward_span, status, message, clipped, tokens, finish, graders, n in found:
+    for key, sample, reward, reward_span, status, message, clipped, tokens, finish, graders, n, cut in found:
         reward = reward if reward is not None else reward_span
         out.append(Rollout(str(key), None if sample is None else str(sample), None if reward is None else float(reward),
                            str(status or "UNSET"), str(message or ""), bool(clipped), None if tokens is None else int(tokens),
                            None if finish is None else str(finish),
-                           [(str(t), str(o), None if s is None else float(s)) for t, o, s in graders], int(n)))
+                           [(str(t), str(o), None if s is None else float(s)) for t, o, s in graders], int(n), bool(cut)))
     return out
 
 
@@ -316,12 +326,16 @@ class TrajectoryData:
     total: int
     tree: list[dict[str, Any]]  # the span-tree saved query
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # span_id -> its metric dict
+    capped: int = 0  # spans the sink stored without their content (past its cap of full trajectories per step)
+    cut_chars: int = 0  # characters of attribute values the sink removed
 
 
 def trajectory(store: Store, project: str, run: str, attempt: int, rollout_id: str) -> TrajectoryData:
     """One rollout's spans: those naming its rollout_id, and those of its trace that name none."""
+    bounds = ("content_capped, content_cut_chars" if has_column(store, "spans", "content_capped")
+              else "toUInt8(0), toUInt64(0)")
     found = rows(store, f"""
-        SELECT {_COLUMNS}, count() OVER () AS total FROM (
+        SELECT {_COLUMNS}, count() OVER () AS total, {bounds} FROM (
             SELECT * FROM {{db}}.spans
             WHERE project = {{p:String}} AND run_id = {{r:String}} AND attempt = {{a:UInt32}}
               AND (rollout_id = {{id:String}} OR (rollout_id = '' AND trace_id IN (
@@ -329,7 +343,7 @@ def trajectory(store: Store, project: str, run: str, attempt: int, rollout_id: s
                     AND attempt = {{a:UInt32}} AND rollout_id = {{id:String}} AND kind = 'ROLLOUT')))
             ORDER BY span_id, sequence_id LIMIT 1 BY span_id)
         ORDER BY start_time_ns, sequence_id, span_id LIMIT {SPAN_CAP * 4}""", p=project, r=run, a=attempt, id=rollout_id)
-    spans, metrics, step, sample, total = [], {}, None, None, 0
+    spans, metrics, step, sample, total, capped, cut = [], {}, None, None, 0, 0, 0
     for row in found:
         typed = {k: v for k, v in zip(TYPED, row[10:19]) if v is not None}
         span = SpanRow(span_id=str(row[0]), parent_span_id=row[1] or None, name=str(row[2]), kind=str(row[3]),
@@ -340,10 +354,10 @@ def trajectory(store: Store, project: str, run: str, attempt: int, rollout_id: s
             metrics[span.span_id] = {str(k): float(v) for k, v in dict(row[21]).items()}
         if span.kind == "ROLLOUT":
             step, sample = (None if row[19] is None else int(row[19])), (None if row[20] is None else str(row[20]))
-        total = int(row[22])
+        total, capped, cut = int(row[22]), capped + int(row[23]), cut + int(row[24])
     rollout = next((s for s in spans if s.kind == "ROLLOUT"), None)
     tree = saved(store, "span-tree", run_id=run, attempt=attempt, rollout_id=rollout_id) if spans else []
-    return TrajectoryData(rollout, step, sample, spans, total, tree, metrics)
+    return TrajectoryData(rollout, step, sample, spans, total, tree, metrics, capped, cut)
 
 
 def reward_of(data: TrajectoryData) -> float | None:

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rlpulse.schemas.env import TRACE_CONTENT
+from rlpulse.schemas.env import SINK_CONTENT_MAX_CHARS, SPAN_CAP, TRACE_CONTENT
 from rlpulse.sinks import ui_data as data
 from rlpulse.sinks.clickhouse import Store
 from rlpulse.sinks.html_escape import esc
@@ -142,8 +142,10 @@ def _group(v: StepView, g: data.Group) -> str:
             f'<div class="status">{esc(r.status)}{" · clipped" if r.clipped else ""}'
             f'{" · " + text(r.finish_reason) if r.finish_reason else ""}</div>'
             f'<div class="muted">{num(r.completion_tokens)} completion tokens · {r.spans} spans</div>{failed}'
-            f'<div class="muted graders">{text(scores)}</div></a>')
+            f'<div class="muted graders">{text(scores)}</div>'
+            + ('<div class="muted capped">content not kept (span cap)</div>' if r.capped else "") + "</a>")
     badges = ('<span class="badge zero">zero variance</span>' if g.zero_variance else "") + (
+        '<span class="badge">content not kept</span>' if any(r.capped for r in g.rollouts) else "") + (
         '<span class="badge fail">grader failed</span>' if any(r.failed for r in g.rollouts) else "")
     only = href("/step", v.params(1, sample=label))
     return (f'<section class="group" data-sample="{text(label)}" data-zero-variance="{str(g.zero_variance).lower()}">'
@@ -237,7 +239,15 @@ def trajectory_page(store: Store, project: str, run: str, attempt: int, rollout:
         f'<td>{text(t["outcome"] or "")}</td></tr>' for t in d.tree)
     tree = build_tree(d.spans, total=d.total)
     more = f'<p class="muted">{tree.not_shown} more spans not shown.</p>' if tree.not_shown else ""
-    body = (head + "<h2>Dialogue</h2>" + _dialogue(d.spans)
+    kept = ""
+    if d.capped:
+        kept += (f'<p class="muted content-capped">The sink stored {d.capped} span(s) of this trajectory without their '
+                 f"content: it came past the cap of full trajectories per step ({SPAN_CAP}). Its span tree, reward, "
+                 "scores and outcomes are whole, and every figure counts it.</p>")
+    if d.cut_chars:
+        kept += (f'<p class="muted content-cut">The sink cut {d.cut_chars} characters of attribute values '
+                 f"({SINK_CONTENT_MAX_CHARS}, and the content of capped spans).</p>")
+    body = (head + kept + "<h2>Dialogue</h2>" + _dialogue(d.spans)
             + "<h2>Tool calls</h2>" + (table(("tool", "status", "duration", "arguments", "result"), tools, "tools")
                                        if tools else '<p class="muted">No tool calls.</p>')
             + "<h2>Graders</h2>" + (table(("term", "outcome", "score", "duration", "message"), graders, "graders")

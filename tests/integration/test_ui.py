@@ -25,7 +25,7 @@ from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.producers import TrainingTelemetry
 from rlpulse.producers.simulator import SimConfig, simulate
 from rlpulse.producers.tracing import Tracer
-from rlpulse.schemas.env import UI_TOKEN
+from rlpulse.schemas.env import SPAN_CAP, UI_TOKEN
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.terminal import terminal_safe
 from rlpulse.schemas.topics import ensure_topics
@@ -44,6 +44,7 @@ TOKEN = "ui-test-" + "5f3a9c" * 6
 HOSTILE = "<img src=x onerror=alert(1)>\x1b[2J\x1b]0;pwned\x07"
 SIM = SimConfig(project="uisim", runs=2, steps=4, rollouts_per_step=8, gpu=True, seed=11)
 RUN = "uisim-run1"
+CAP = 6  # full trajectories per step the sink keeps: 2 of each simulated step's 8 are stored without content
 
 
 def saved(settings: Settings, name: str, **params: Any) -> list[dict[str, Any]]:
@@ -78,7 +79,7 @@ def ran(module_settings: Settings) -> Any:
     tasks = [Task(step=s, rollout_id=f"r-{s}-{i}", sample_id="s-0", question=f"step {s}: what is 6*7? ({i})")
              for s in (0, 1) for i in range(2)]
     with FakeOpenAI() as fake, Pipeline(settings) as pipeline:
-        pipeline.start()
+        pipeline.start(extra_env={SPAN_CAP: str(CAP)})
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
         truth = simulate(settings, SIM)
         with TrainingTelemetry(project="traces", run_id="agent", settings=settings) as tel, Tracer(tel, content=True):
@@ -194,7 +195,8 @@ def test_step_page_samples_side_by_side(ran: Any) -> None:
     page.click('tr.step[data-step="2"] a')
     assert parse_qs(urlsplit(page.url).query)["step"] == ["2"]
     trend = next(r for r in saved(settings, "clipped-ratio-trend", run_id=RUN, attempt=1) if r["step"] == 2)
-    figure = {k: page.locator(f'div.figure[data-figure="{k}"] .value').inner_text() for k in ("rollouts", "clipped", "clipped ratio")}
+    figure = {k: page.locator(f'div.figure[data-figure="{k}"] .value').inner_text()
+              for k in ("rollouts", "clipped", "clipped ratio")}
     assert figure == {"rollouts": str(trend["rollouts"]), "clipped": str(trend["clipped"]),
                       "clipped ratio": shown(trend["clipped_ratio"])}
     rewards = dict(until.query(settings, f"SELECT rollout_id, reward FROM $db.spans FINAL WHERE run_id = '{RUN}' "
@@ -210,6 +212,8 @@ def test_step_page_samples_side_by_side(ran: Any) -> None:
         assert [b["x"] for b in boxes] == sorted(b["x"] for b in boxes)
         for c in cards:
             assert c.locator(".reward").inner_text() == shown(rewards[c.get_attribute("data-rollout")])
+    dropped = {r["step"]: r for r in saved(settings, "content-dropped", run_id=RUN)}
+    assert page.locator("a.card .capped").count() == dropped[2]["trajectories_capped"] == SIM.rollouts_per_step - CAP
     shot(page, "step")
     page.select_option("select[name=sort]", "reward-desc")
     page.select_option("select[name=failed]", "any")
@@ -238,7 +242,9 @@ def test_trajectory_page_graders_tools_and_span_tree(ran: Any) -> None:
     page.goto(ran["shared"])
     card = page.locator("a.card").first
     rollout = card.get_attribute("data-rollout")
+    capped = card.locator(".capped").count()
     card.click()
+    assert page.locator("p.content-capped").count() == capped  # the page says when the span cap kept its content out
     assert parse_qs(urlsplit(page.url).query)["rollout"] == [rollout]
     tree = saved(settings, "span-tree", run_id=RUN, attempt=1, rollout_id=rollout)
     rows = page.locator("table.tree tr.tree-row").all()
