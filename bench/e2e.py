@@ -176,6 +176,11 @@ def check_exact(settings: Settings, truth: Truth, project: str) -> dict[str, Any
         }
         spans = q(f"SELECT count() FROM {db}.spans FINAL WHERE project = {{p:String}}", parameters=p).result_rows[0][0]
         step_rows = q(f"SELECT count() FROM {db}.steps FINAL WHERE project = {{p:String}}", parameters=p).result_rows[0][0]
+        kinds = dict(q(f"SELECT kind, count() FROM {db}.spans FINAL WHERE project = {{p:String}} AND kind IN ('LLM', 'TOOL') "
+                       "GROUP BY kind", parameters=p).result_rows)
+        metrics = q(f"SELECT count() FROM {db}.step_metrics WHERE project = {{p:String}}", parameters=p).result_rows[0][0]
+        engine_rows = q(f"SELECT count() FROM {db}.engine_samples FINAL WHERE project = {{p:String}}",
+                        parameters=p).result_rows[0][0]
     want_failures = {k: n for k, n in truth.failures.items() if n}
     got_failures = {k: n for k, n in failures.items() if n}
     want_steps = truth.step_stats()
@@ -184,6 +189,10 @@ def check_exact(settings: Settings, truth: Truth, project: str) -> dict[str, Any
         "step_rollouts_clipped": _diff(want_steps, steps),
         "span_rows": None if spans == truth.events["spans"] else f"{spans} rows, expected {truth.events['spans']}",
         "step_rows": None if step_rows == truth.events["steps"] else f"{step_rows} rows, expected {truth.events['steps']}",
+        "llm_tool_spans": _diff({k: n for k, n in truth.kinds.items() if k in ("LLM", "TOOL")}, kinds),
+        "trainer_metrics": None if metrics == truth.metrics else f"{metrics} step_metrics rows, expected {truth.metrics}",
+        "engine_rows": None if engine_rows == truth.events["hardware"] else
+        f"{engine_rows} engine_samples rows, expected {truth.events['hardware']}",
     }
     return {"e2e_exact": all(v is None for v in checks.values()), "exact_checks": {k: v or "exact" for k, v in checks.items()}}
 

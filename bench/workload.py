@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Iterator
 
-from rlpulse.schemas.catalogue import run_key
+from rlpulse.schemas.catalogue import engine_key, run_key
 
 OUTCOMES = ("ok", "timeout", "unavailable", "unreadable", "ungradable")
 CAUSES = OUTCOMES[1:]
@@ -38,10 +38,19 @@ class WorkloadConfig:
     clip_rate: float = 0.1
     max_tokens: int = 1024
     seed: int = 7
+    # What users send besides rollouts and graders (issues 19 and 20), so the bench follows the product:
+    traced_every: int = 5  # every n-th rollout is a traced agent's: an LLM and a TOOL span under it (0: none)
+    trainer_metrics: int = 8  # scalars on each STEP event (step_completed(metrics=...)), to step_metrics
+    engine_samples: bool = True  # one vLLM engine sample per run and step, on the hardware topic
+
+    @property
+    def traced_per_step(self) -> int:
+        return len(range(0, self.rollouts, self.traced_every)) if self.traced_every else 0
 
     @property
     def events_per_run(self) -> int:
-        return self.steps * self.rollouts * (1 + len(self.terms)) + self.steps + 2  # + RUN_START, RUN_END
+        spans = self.steps * (self.rollouts * (1 + len(self.terms)) + 2 * self.traced_per_step)
+        return spans + self.steps + 2 + self.steps * self.engine_samples  # + RUN_START, RUN_END, engine samples
 
     @property
     def events(self) -> int:
@@ -68,13 +77,18 @@ class Truth:
     clipped: Counter = field(default_factory=Counter)  # (run_id, step) -> clipped ROLLOUT spans
     events: Counter = field(default_factory=Counter)  # topic short -> records
     messages: Counter = field(default_factory=Counter)  # topic short -> containers
+    kinds: Counter = field(default_factory=Counter)  # span kind -> spans
+    metrics: int = 0  # trainer scalars on STEP events: rows of step_metrics
 
     def add(self, message: Message) -> None:
         self.messages[message.short] += 1
         self.events[message.short] += len(message.records)
+        if message.short == "steps":
+            self.metrics += sum(len(r["metrics"]) for r in message.records)
         if message.short != "spans":
             return
         for r in message.records:
+            self.kinds[r["kind"]] += 1
             if r["kind"] == "GRADER":
                 self.graded[(r["run_id"], r["term"])] += 1
                 if r["outcome"] != "ok":
@@ -89,6 +103,8 @@ class Truth:
 
     def summary(self) -> dict[str, int]:
         return {"span_events": self.events["spans"], "step_events": self.events["steps"],
+                "hardware_events": self.events["hardware"], "llm_spans": self.kinds["LLM"],
+                "tool_spans": self.kinds["TOOL"], "trainer_metrics": self.metrics,
                 "span_messages": self.messages["spans"], "step_messages": self.messages["steps"],
                 "grader_failures": sum(self.failures.values()), "graded": sum(self.graded.values()),
                 "rollouts": sum(self.rollouts.values()), "clipped": sum(self.clipped.values())}
@@ -145,12 +161,50 @@ def step_record(project: str, run_id: str, writer: Writer, *, type_: str, time_n
     return record
 
 
+TRAINER_METRICS = ("loss", "kl", "entropy", "grad_norm", "clip_ratio/low_mean", "clip_ratio/high_mean",
+                   "actor/pg_clipfrac", "learning_rate", "actor/ppo_kl", "critic/vf_loss")
+
+
+def trainer_metrics(rng: random.Random, count: int) -> dict[str, float]:
+    """A trainer's own scalars for one step, as TRL or verl log them."""
+    names = TRAINER_METRICS[:count] + tuple(f"custom/m{i}" for i in range(count - len(TRAINER_METRICS)))
+    return {name: round(rng.uniform(-1.0, 1.0), 6) for name in names}
+
+
+def engine_sample(project: str, run_id: str, time_ns: int, rng: random.Random) -> dict[str, Any]:
+    """One scrape of the run's vLLM engine (rlpulse engine-poller), every figure set."""
+    return {"project": project, "run_id": run_id, "attempt": 1, "pod": f"{run_id}-rollout-0",
+            "url": "http://127.0.0.1:8000/metrics", "engine": "0", "model_name": "policy", "time_ns": time_ns,
+            "interval_s": 10.0, "requests_running": float(rng.randrange(0, 64)), "requests_waiting": float(rng.randrange(0, 8)),
+            "kv_cache_usage": round(rng.random() * 0.9, 3), "preemptions_per_s": 0.0,
+            "prompt_tokens_per_s": round(rng.uniform(1e3, 1e4), 1), "generation_tokens_per_s": round(rng.uniform(1e3, 1e4), 1),
+            "ttft_count": rng.randrange(10, 100), "ttft_p50_s": 0.05, "ttft_p90_s": 0.12, "ttft_p99_s": 0.3, "awake": 1,
+            "counter_resets": 0}
+
+
+def traced_spans(project: str, run_id: str, writer: Writer, rng: random.Random, step: int, rollout_id: str,
+                 trace_id: bytes, parent: bytes, time_ns: int) -> list[dict[str, Any]]:
+    """A traced agent's LLM call and tool call under its rollout, with GenAI attribute names (no content)."""
+    llm = span_record(project, run_id, writer, kind="LLM", time_ns=time_ns - 300_000_000, step=step, rollout_id=rollout_id,
+                      trace_id=trace_id, span_id=rng.randbytes(8), parent=parent, name="chat policy",
+                      attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": "policy",
+                                  "gen_ai.usage.input_tokens": str(rng.randrange(200, 900)),
+                                  "gen_ai.usage.output_tokens": str(rng.randrange(16, 512)),
+                                  "gen_ai.response.finish_reasons": "tool_calls"})
+    tool = span_record(project, run_id, writer, kind="TOOL", time_ns=time_ns - 200_000_000, step=step, rollout_id=rollout_id,
+                       trace_id=trace_id, span_id=rng.randbytes(8), parent=parent, name="execute_tool search",
+                       attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"})
+    return [llm, tool]
+
+
 def rollout_spans(project: str, run_id: str, writer: Writer, rng: random.Random, config: WorkloadConfig,
                   step: int, index: int, time_ns: int) -> list[dict[str, Any]]:
     """The GRADER spans of one rollout (one per term) followed by its ROLLOUT span, as the SDK orders them."""
     rollout_id = f"s{step}-r{index}"
     trace_id, span_id = rng.randbytes(16), rng.randbytes(8)
     out = []
+    if config.traced_every and index % config.traced_every == 0:
+        out += traced_spans(project, run_id, writer, rng, step, rollout_id, trace_id, span_id, time_ns)
     for term in config.terms:
         outcome = rng.choices(OUTCOMES, config.outcome_weights)[0]
         out.append(span_record(project, run_id, writer, kind="GRADER", time_ns=time_ns, step=step, rollout_id=rollout_id,
@@ -187,6 +241,7 @@ def messages(config: WorkloadConfig, now_ns: int) -> Iterator[Message]:
             writer, start, key = writers[run], starts[run], run_key(config.project, run)
             spans: list[dict[str, Any]] = []
             steps: list[dict[str, Any]] = []
+            hardware: list[dict[str, Any]] = []
             if chunk == 0:
                 steps.append(step_record(config.project, run, writer, type_="RUN_START", time_ns=start, step=-1, step_count=0))
             for step in chunk_steps:
@@ -196,6 +251,9 @@ def messages(config: WorkloadConfig, now_ns: int) -> Iterator[Message]:
                     spans.extend(rollout_spans(config.project, run, writer, rng, config, step, i, t))
                 steps.append(step_record(config.project, run, writer, type_="STEP", time_ns=step_start + step_ns - 1,
                                          step=step, step_count=step + 1))
+                steps[-1]["metrics"] = trainer_metrics(rng, config.trainer_metrics)
+                if config.engine_samples:
+                    hardware.append(engine_sample(config.project, run, step_start + step_ns // 2, rng))
             if chunk == chunks - 1:
                 end = step_record(config.project, run, writer, type_="RUN_END", time_ns=start + config.steps * step_ns,
                                   step=-1, step_count=config.steps)
@@ -203,6 +261,9 @@ def messages(config: WorkloadConfig, now_ns: int) -> Iterator[Message]:
                 steps.append(end)
             yield Message("spans", key, "Span", spans)
             yield Message("steps", key, "Step", steps)
+            if hardware:  # keyed as the engine-poller keys them; one container a chunk
+                sample = hardware[0]
+                yield Message("hardware", engine_key(sample["pod"], sample["url"], sample["engine"]), "EngineSample", hardware)
 
 
 class LiveRuns:

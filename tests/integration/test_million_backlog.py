@@ -1,4 +1,4 @@
-"""A 1,000,000-event backlog of 200 runs, published before the processors start, drains exactly.
+"""A million-event backlog of 200 runs, published before the processors start, drains exactly.
 
 The bench's workload (``bench.workload``: every run's writer, sequence ids, RUN_END naming its
 last span) is published to the raw topics first; then ``rlpulse streams`` and ``rlpulse sink``
@@ -25,17 +25,19 @@ from rlpulse.schemas.topics import ensure_topics
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]  # a million events: make test-all
 
-# 200 runs x (10 steps x 250 rollouts x 2 spans + 10 STEP + RUN_START + RUN_END) = 1,002,400 events
+# 200 runs x (10 steps x (250 rollouts x 2 spans + 50 traced rollouts x (LLM + TOOL)) + 10 STEP + RUN_START + RUN_END
+# + 10 engine samples) = 1,204,400 events; each STEP carries 8 trainer scalars
 WORKLOAD = WorkloadConfig(project="million", runs=200, steps=10, rollouts=250, steps_per_container=1)
 
 
 def test_a_million_event_backlog_of_200_runs_drains_exactly(settings: Settings) -> None:
     settings = dataclasses.replace(settings, window=10.0, allowed_lateness=2.0)
-    assert WORKLOAD.events == 1_002_400
+    assert WORKLOAD.events == 1_204_400
     ensure_topics(settings)
     index, truth = EventIndex(), Truth()
     published = asyncio.run(publish_backlog(settings, WORKLOAD, index, truth, print))
-    assert published["span_events"] + published["step_events"] == WORKLOAD.events == index.total
+    assert published["span_events"] + published["step_events"] + published["hardware_events"] == WORKLOAD.events
+    assert index.total == WORKLOAD.events
     with Pipeline(settings) as pipeline:
         started = time.monotonic()
         pipeline.start()
@@ -44,7 +46,10 @@ def test_a_million_event_backlog_of_200_runs_drains_exactly(settings: Settings) 
         pipeline.check_alive()  # neither process restarted or died on the way
     assert drained.figures["drain_complete"], drained.timeline[-5:]
     exact = check_exact(settings, truth, WORKLOAD.project)
-    assert exact["exact_checks"] == {"failures_by_cause": "exact", "step_rollouts_clipped": "exact",
-                                     "span_rows": "exact", "step_rows": "exact"}, exact
-    assert truth.events == {"spans": 1_000_000, "steps": 2_400}
+    assert exact["exact_checks"] == {"failures_by_cause": "exact", "step_rollouts_clipped": "exact", "span_rows": "exact",
+                                     "step_rows": "exact", "llm_tool_spans": "exact", "trainer_metrics": "exact",
+                                     "engine_rows": "exact"}, exact
+    assert truth.events == {"spans": 1_200_000, "steps": 2_400, "hardware": 2_000}
+    assert truth.kinds == {"GRADER": 500_000, "ROLLOUT": 500_000, "LLM": 100_000, "TOOL": 100_000}
+    assert truth.metrics == 200 * 10 * 8
     assert len(truth.step_stats()) == 200 * 10  # every step of every run was compared

@@ -9,7 +9,9 @@ from rlpulse.schemas.catalogue import run_key
 from rlpulse.schemas.codec import Codec
 
 NOW = 1_800_000_000 * NS
-SMALL = WorkloadConfig(project="p", runs=3, steps=5, rollouts=4, terms=("judge", "format"), steps_per_container=2, seed=3)
+SMALL = WorkloadConfig(project="p", runs=3, steps=5, rollouts=4, terms=("judge", "format"), steps_per_container=2, seed=3,
+                       traced_every=0, trainer_metrics=0, engine_samples=False)  # rollouts and graders only
+MIXED = WorkloadConfig(project="p", runs=2, steps=3, rollouts=10, steps_per_container=2, seed=5)  # the bench's mix
 
 
 def _all() -> list[Message]:
@@ -122,3 +124,25 @@ def test_live_runs_stamp_now_and_complete_steps() -> None:
     seqs = [r["sequence_id"] for m in spans if m.key == "p/live0000" for r in m.records]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     assert [m.records[0]["step_count"] for m in live.ends(NOW)] == [1, 1]
+
+
+def test_the_bench_mix_has_traced_calls_trainer_metrics_and_engine_samples() -> None:
+    out = list(messages(MIXED, NOW))
+    truth = Truth()
+    for m in out:
+        truth.add(m)
+    # per run: 3 steps x (10 rollouts x 2 spans + 2 traced rollouts x (LLM + TOOL)) + 3 STEP + start + end + 3 samples
+    assert MIXED.events_per_run == 3 * (10 * 2 + 2 * 2) + 3 + 2 + 3
+    assert sum(len(m.records) for m in out) == MIXED.events == sum(truth.events.values())
+    assert truth.kinds == {"GRADER": 60, "ROLLOUT": 60, "LLM": 12, "TOOL": 12}
+    assert truth.events["hardware"] == 6 and truth.metrics == 2 * 3 * 8
+    codec = Codec()
+    for m in out:  # every record type encodes and decodes with the schemas
+        assert codec.decode(codec.encode(m.record, m.records)).records == m.records
+    llm = next(r for m in out if m.short == "spans" for r in m.records if r["kind"] == "LLM")
+    rollout = next(r for m in out if m.short == "spans" for r in m.records
+                   if r["kind"] == "ROLLOUT" and r["rollout_id"] == llm["rollout_id"] and r["step"] == llm["step"])
+    assert llm["parent_span_id"] == rollout["span_id"] and llm["trace_id"] == rollout["trace_id"]
+    assert llm["attributes"]["gen_ai.request.model"] == "policy"
+    steps = [r for m in out if m.short == "steps" for r in m.records if r["type"] == "STEP"]
+    assert all(len(r["metrics"]) == 8 and "loss" in r["metrics"] for r in steps)
