@@ -41,15 +41,17 @@ DROPPED_SQL = """
 SELECT project, uniqExact(run_id) AS runs,
        uniqExactIf((run_id, attempt, step, rollout_id), content_capped = 1) AS trajectories_capped,
        countIf(content_capped = 1) AS spans_capped, sum(content_cut_chars) AS sink_cut_chars,
-       sum(toUInt64OrZero(attributes['rlpulse.content.cut_chars'])) AS sdk_cut_chars
+       sum(content_sdk_cut_chars) AS sdk_cut_chars
 FROM {db}.spans FINAL
-WHERE content_capped = 1 OR content_cut_chars > 0 OR has(mapKeys(attributes), 'rlpulse.content.cut_chars')
+WHERE content_capped = 1 OR content_cut_chars > 0 OR content_sdk_cut_chars > 0
 GROUP BY project ORDER BY project
 """
 
 
 def dropped(store: Store, project: str | None = None) -> list[tuple]:
-    """Per project: runs with something dropped, trajectories and spans capped, characters cut by the sink and the SDK."""
+    """Per project: runs with something dropped, trajectories and spans capped, characters cut by the sink and the SDK.
+
+    Only the small columns the sink fills are read (never the attributes, which hold the content)."""
     rows = store.client.query(DROPPED_SQL.replace("{db}", store.database)).result_rows
     return [tuple(r) for r in rows if project is None or r[0] == project]
 

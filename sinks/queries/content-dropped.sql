@@ -5,7 +5,8 @@
 -- of full trajectories per step (RLPULSE_SPAN_CAP), stored without their content (content_capped = 1);
 -- sink_cut_chars: characters of attribute values the sink removed (capped spans' content, values over
 -- RLPULSE_SINK_CONTENT_MAX_CHARS); sdk_cut_chars: characters the SDK cut before sending (its own cap,
--- the attribute rlpulse.content.cut_chars). Steps where nothing was dropped have no row.
+-- the attribute rlpulse.content.cut_chars, kept in content_sdk_cut_chars). Steps where nothing was dropped
+-- have no row.
 SELECT
     project,
     run_id,
@@ -16,7 +17,7 @@ SELECT
     count() AS spans,
     countIf(content_capped = 1) AS spans_capped,
     sum(content_cut_chars) AS sink_cut_chars,
-    sum(toUInt64OrZero(attributes['rlpulse.content.cut_chars'])) AS sdk_cut_chars
+    sum(content_sdk_cut_chars) AS sdk_cut_chars
 FROM {db}.spans FINAL
 WHERE run_id = {run_id:String}
 GROUP BY project, run_id, attempt, step
