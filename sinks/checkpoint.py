@@ -2,8 +2,9 @@
 
 A :class:`Checkpoint` gathers the messages consumed since the last commit, by table, and the
 next offset of each partition. It is due when enough rows or bytes are buffered, or about a
-second after its first message: so each table gets about one insert a second, of thousands
-of rows, however fast messages arrive. Committing it writes every table first, then waits for
+second after its first message while a backlog fills every poll (so each table gets about one
+insert a second, of thousands of rows, however fast messages arrive), or 0.4 s after it once
+the sink has caught up (live rows reach ClickHouse sooner). Committing it writes every table first, then waits for
 its dead letters to reach the broker, and only then commits the Kafka offsets: a crash at any
 point replays the range, and the inserts' deduplication tokens make the replay harmless.
 """
@@ -32,6 +33,10 @@ class Policy:
     max_rows: int = 100_000
     max_bytes: int = 64 * 1024 * 1024  # what the buffered messages take in memory, and one insert's body
     interval: float = 1.0
+    # Caught up (the last poll took fewer messages than it could), a checkpoint is due this soon: live
+    # rows reach ClickHouse sooner (p99 event -> row 1.6 s with 1.0 at 20k events/s); a backlog fills
+    # every poll, so its inserts stay large and few.
+    live_interval: float = 0.4
 
 
 class Checkpoint:
@@ -45,6 +50,7 @@ class Checkpoint:
         self.rows = 0
         self.bytes = 0
         self.started: float | None = None  # clock at the first message
+        self.caught_up = False  # the last poll took all there was: the live interval applies
         self._pending: list[asyncio.Future] = []  # dead letters on their way to the broker
 
     def _note(self, msg: Any) -> None:
@@ -66,22 +72,30 @@ class Checkpoint:
         if delivery is not None:
             self._pending.append(delivery)
 
+    def polled(self, messages: int, limit: int) -> None:
+        """A poll gave ``messages`` of at most ``limit``: fewer means the sink has caught up."""
+        self.caught_up = messages < limit
+
     @property
     def empty(self) -> bool:
         return not self.offsets
+
+    @property
+    def interval(self) -> float:
+        return min(self.policy.live_interval, self.policy.interval) if self.caught_up else self.policy.interval
 
     def due(self) -> bool:
         """Time to commit: a limit reached, or ``interval`` passed since the first message."""
         if self.empty:
             return False
         p = self.policy
-        return self.rows >= p.max_rows or self.bytes >= p.max_bytes or self._clock() - self.started >= p.interval  # type: ignore[operator]
+        return self.rows >= p.max_rows or self.bytes >= p.max_bytes or self._clock() - self.started >= self.interval  # type: ignore[operator]
 
     def remaining(self) -> float:
         """Seconds until the interval makes this checkpoint due (the consumer's poll timeout)."""
         if self.started is None:
-            return self.policy.interval
-        return max(0.0, self.policy.interval - (self._clock() - self.started))
+            return self.interval
+        return max(0.0, self.interval - (self._clock() - self.started))
 
     async def commit(self, write: Callable[[str, list[Entry]], Awaitable[None]], consumer: Any) -> dict[TopicPartition, int]:
         """Write every table, wait for the dead letters, then commit offsets; returns those committed.

@@ -261,6 +261,7 @@ class ClickHouseSink:
                 for messages in batches.values():
                     for msg in messages:
                         await self._take(msg)
+                self._checkpoint.polled(sum(map(len, batches.values())), POLL_MESSAGES)
                 if self._checkpoint.due():
                     self._start_flush()
             await self._shutdown(consumer)

@@ -65,6 +65,25 @@ def test_due_a_second_after_the_first_message_not_after_the_last_commit() -> Non
     assert cp.due()
 
 
+def test_caught_up_a_checkpoint_is_due_at_the_live_interval_and_a_full_poll_restores_the_long_one() -> None:
+    clock = Clock()
+    cp = Checkpoint(Policy(max_rows=1000, interval=1.0, live_interval=0.4), clock)
+    cp.add("steps", entry(0))
+    cp.polled(256, 256)  # a full poll: a backlog, large inserts
+    clock.now += 0.5
+    assert not cp.due() and cp.remaining() == pytest.approx(0.5)
+    cp.polled(3, 256)  # the poll took all there was: caught up
+    assert cp.due() and cp.remaining() == 0.0
+    cp.polled(256, 256)
+    assert not cp.due()
+    # a live interval longer than the interval never delays a checkpoint
+    slow = Checkpoint(Policy(interval=0.2, live_interval=0.4), clock)
+    slow.add("steps", entry(1))
+    slow.polled(0, 256)
+    clock.now += 0.2
+    assert slow.due()
+
+
 def test_due_at_the_row_or_byte_limit() -> None:
     rows = Checkpoint(Policy(max_rows=25, interval=60), Clock())
     rows.add("steps", entry(0, records=20))
