@@ -165,7 +165,8 @@ def _run_charts(d: data.RunData, axis: charts.Axis, inside: set[int], chosen: Se
 
 
 def _steps_table(d: data.RunData, view: RunView) -> str:
-    steps = sorted(d.steps, reverse=True)
+    steps = sorted((s for s in d.steps if (view.lo is None or s >= view.lo) and (view.hi is None or s <= view.hi)),
+                   reverse=True)
     pages = max(1, -(-len(steps) // STEPS_PER_PAGE))
     view.page = min(max(view.page, 1), pages)
     shown = steps[(view.page - 1) * STEPS_PER_PAGE: view.page * STEPS_PER_PAGE]
