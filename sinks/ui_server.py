@@ -89,7 +89,9 @@ class _Handler(BaseHTTPRequestHandler):
                                        time.time_ns()), head)
 
     def _handle(self, head: bool) -> None:
-        if len(self.path) > MAX_URL:
+        if len(self.path) > MAX_URL:  # not parsed: the cookie or header must carry the token
+            if not self._authenticated(""):
+                return self._forbidden()
             self.close_connection = True
             self._send(414, b"URL too long\n", "text/plain; charset=utf-8")
             return

@@ -120,6 +120,7 @@ def test_only_reads(ui: UiServer) -> None:
     status, headers, _ = get(ui, "/", auth(ui), method="POST", body=b"x")
     assert (status, headers["allow"]) == (405, "GET, HEAD")
     assert get(ui, "/" + "a" * 9000, auth(ui))[0] == 414
+    assert get(ui, "/" + "a" * 9000)[0] == 403
 
 
 @pytest.mark.parametrize("path, why", [
