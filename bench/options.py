@@ -16,6 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="a drain figure in under 2 minutes, to check a hot-path change before committing it: the same "
                         "backlog drained once, with its CPU per event; no SDK figures, ceilings or profile; 5 s of latency")
+    p.add_argument("--smoke", action="store_true",
+                   help="try the harness end to end: 50 runs, one drain, one run of each ceiling and of SDK -> Kafka, "
+                        "5 s of latency (the figures are too small to compare)")
     p.add_argument("--save-baseline", action="store_true",
                    help="also write this run's figures to bench/results/baseline.json, which every run is compared with")
     p.add_argument("--skip-sdk", action="store_true", help="leave out bench/sdk.py's figures")

@@ -58,7 +58,7 @@ def sdk_figures(settings: Settings, repetitions: int = REPS) -> dict[str, Any]:
         from bench import sdk
     except ImportError as exc:
         return {"errors": {"sdk": f"bench/sdk.py could not be imported: {exc}"}}
-    # three repetitions of SDK-to-broker too (one with --quick): the design asks for medians
+    # three repetitions of SDK-to-broker too (one with --smoke): the design asks for medians
     for name, call in (("sdk_call", lambda: sdk.measure_sdk_call()),
                        ("sdk_call_broker_down", lambda: sdk.measure_sdk_call_broker_down()),
                        ("sdk_to_kafka", lambda: sdk.measure_sdk_to_kafka(settings, repetitions=repetitions))):
@@ -131,17 +131,20 @@ def main(argv: list[str] | None = None) -> int:
              "a fresh broker's (compare runs on brokers holding alike)")
     results.update({k: None for k in SDK_KEYS})
     if not args.skip_sdk and not args.quick:
-        sdk = sdk_figures(settings, repetitions=REPS)
+        sdk = sdk_figures(settings, repetitions=1 if args.smoke else REPS)
         results["errors"].update(sdk.pop("errors", {}))
         results.update(sdk)
         if not args.keep:  # bench/sdk.py's topics (under <prefix>-sdkbench-): give the broker's disk back
             asyncio.run(delete_topics(settings, (f"{settings.topic_prefix}-sdkbench-",)))
     if not args.skip_e2e:
-        # --quick: the same 1,000-run backlog drained once, no ceilings, no profile, 5 s of latency
-        workload = WorkloadConfig(runs=args.runs)
-        config = E2EConfig(workload=workload, latency_s=5.0 if args.quick else args.latency_s, keep=args.keep,
-                           reps=1 if args.quick else args.reps, ceiling_reps=0 if args.quick else REPS,
-                           consumer_reps=0 if args.quick else 2,
+        # --quick: the same 1,000-run backlog drained once, no ceilings, no profile, 5 s of latency;
+        # --smoke: every phase once on 50 runs
+        workload = WorkloadConfig(runs=50 if args.smoke else args.runs)
+        short = args.quick or args.smoke
+        config = E2EConfig(workload=workload, latency_s=5.0 if short else args.latency_s, keep=args.keep,
+                           reps=1 if short else args.reps,
+                           ceiling_reps=0 if args.quick else 1 if args.smoke else REPS,
+                           consumer_reps=0 if args.quick else 1 if args.smoke else 2,
                            drain=DrainConfig(timeout_s=args.drain_timeout,
                                              profile_s=0 if args.no_profile or args.quick else 15.0))
         e2e = run_e2e(settings, config, results_dir, _say)

@@ -11,7 +11,7 @@ the SCRAM user with Kafka's own ConfigCommand (``rlpulse.secure_broker``).
   within 30 s with one clear line about the credentials; the SDK keeps its events and says so once.
 * mTLS: the SDK and the sink work with the client certificate (its key encrypted), and fail
   clearly without it.
-* ``rlpulse bench --quick`` over SASL_SSL: the SDK, Kafka's Java ceilings (their credentials in a
+* ``rlpulse bench --smoke`` over SASL_SSL: the SDK, Kafka's Java ceilings (their credentials in a
   0600 properties file), a drain through streams and sink, the latency phase; and the Java tools
   over mTLS with the client certificate.
 * No captured output or log holds a password.
@@ -233,7 +233,7 @@ def test_mtls_the_sdk_and_the_sink_with_a_client_certificate_and_without(broker:
 def test_bench_measures_over_sasl_ssl_and_writes_no_password(broker: SecureBroker, tmp_path: Path) -> None:
     settings = broker.settings(tmp_path)
     out = tmp_path / "bench-results"  # never the checkout's bench/results
-    run, seconds = rlpulse(settings, "bench", "--quick", "--no-profile", "--output", str(out), timeout=900)
+    run, seconds = rlpulse(settings, "bench", "--smoke", "--no-profile", "--output", str(out), timeout=900)
     said = run.stdout + run.stderr
     assert run.returncode == 0, said[-4000:]
     assert (
@@ -266,7 +266,7 @@ def test_bench_measures_over_sasl_ssl_and_writes_no_password(broker: SecureBroke
     logs = "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
     broker.assert_no_secret(said + text + logs)
     print(
-        f"rlpulse bench --quick over SASL_SSL: {seconds:.0f}s, drain {results['e2e_events_per_s']:,.0f} events/s, "
+        f"rlpulse bench --smoke over SASL_SSL: {seconds:.0f}s, drain {results['e2e_events_per_s']:,.0f} events/s, "
         f"ceilings producer {results['producer_ceiling_events_per_s']:,.0f} consumer "
         f"{results['consumer_ceiling_events_per_s']:,.0f} events/s"
     )
