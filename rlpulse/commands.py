@@ -366,6 +366,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     print(f"  open {server.token_url}\n  (Ctrl-C stops it)", flush=True)
     try:
         server.serve_forever()
+    except KeyboardInterrupt:  # Ctrl-C is how a page server is stopped: not a failure
+        pass
     finally:
         server.close()
     return 0
