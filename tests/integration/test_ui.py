@@ -67,8 +67,10 @@ def shown(value: Any, digits: int = 4) -> str:
 
 @pytest.fixture(scope="module")
 def ran(module_settings: Settings) -> Any:
-    from playwright.sync_api import sync_playwright
-
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        unavailable("playwright is not installed (pip install -e '.[dev]' installs the pinned one)")
     from tests.openai_server import FakeOpenAI
     from tests.traced_agent import Agent, Task
 
