@@ -231,6 +231,19 @@ def read(store: Store, cluster: str = "") -> list[Retention]:
     return out
 
 
+def alter_statements(database: str, wanted: Retention, cluster: str = "") -> list[str]:
+    """The ALTERs that give ``wanted.table`` the retention ``wanted``: on a cluster, ``ON CLUSTER`` on
+    its ``<table>_local`` parts (the Distributed table holds no rows and no TTL)."""
+    rules = wanted.rules()
+    statement = (f"ALTER TABLE {database}.{check_table(wanted.table)} MODIFY TTL {rules}" if rules
+                 else f"ALTER TABLE {database}.{wanted.table} REMOVE TTL")
+    if not cluster:
+        return [statement]
+    from rlpulse.sinks.cluster_ddl import cluster_statements
+
+    return cluster_statements(statement, cluster)
+
+
 def change(store: Store, table: str, days: int | None, project: str | None = None, cluster: str = "",
            default_days: int | None = None) -> Retention:
     """Set (``days``) or clear (``days`` None) ``table``'s retention, of ``project`` or the default.
@@ -255,16 +268,7 @@ def change(store: Store, table: str, days: int | None, project: str | None = Non
             current.projects[project] = days
     else:
         current.default_days = days if days is not None else default_days
-    rules = current.rules()
-    statement = (f"ALTER TABLE {store.database}.{table} MODIFY TTL {rules}" if rules
-                 else f"ALTER TABLE {store.database}.{table} REMOVE TTL")
-    if cluster:
-        from rlpulse.sinks.cluster_ddl import cluster_statements
-
-        statements = cluster_statements(statement, cluster)
-    else:
-        statements = [statement]
-    for sql in statements:
+    for sql in alter_statements(store.database, current, cluster):
         # mutations_sync: the command returns once the stored rows follow the new TTL, so what it
         # printed is true when it ends (expired rows already deleted).
         store.client.command(sql, settings={"mutations_sync": 2})

@@ -71,6 +71,14 @@ def test_rules_put_each_project_under_one_rule_and_parse_back() -> None:
     assert retention.Retention("steps", None).rules() == ""
 
 
+def test_on_a_cluster_the_ttl_changes_on_every_nodes_local_part() -> None:
+    wanted = retention.Retention("steps", 30, {"a": 7})
+    assert retention.alter_statements("rlpulse", wanted) == [f"ALTER TABLE rlpulse.steps MODIFY TTL {wanted.rules()}"]
+    assert retention.alter_statements("rlpulse", wanted, "rlpulse") == [
+        f"ALTER TABLE rlpulse.steps_local ON CLUSTER rlpulse MODIFY TTL {wanted.rules()}"]
+    assert retention.alter_statements("db", retention.Retention("steps", None)) == ["ALTER TABLE db.steps REMOVE TTL"]
+
+
 @pytest.mark.parametrize("ttl", ["toDateTime(time) + toIntervalDay(7) WHERE kind = 'x'",
                                  "toDateTime(end_time) + toIntervalMonth(1)",
                                  "toDateTime(emitted_at) + toIntervalDay(3)"])  # another table's time column
