@@ -128,6 +128,10 @@ class TableWriter:
                  bounds: Bounds | None = None):
         self.table = table
         self._bounds = bounds or Bounds()  # the spans' content caps (rlpulse.sinks.content_bounds)
+        if table == "spans" and self._bounds.active:  # what the store will lack, said once where it is decided
+            cut = f"at {self._bounds.max_chars} characters" if self._bounds.max_chars else "never"
+            log.info("spans: %s full trajectories per step, attribute values cut %s (content_capped and "
+                     "content_cut_chars say what each row lost)", self._bounds.span_cap or "all", cut)
         self._inserter = inserter
         self._plans = plans
         self._dead_letter = dead_letter
