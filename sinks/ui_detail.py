@@ -16,6 +16,7 @@ from typing import Any
 
 from rlpulse.schemas.env import SINK_CONTENT_MAX_CHARS, SPAN_CAP, TRACE_CONTENT
 from rlpulse.sinks import ui_data as data
+from rlpulse.sinks import ui_spans as spans
 from rlpulse.sinks.clickhouse import Store
 from rlpulse.sinks.html_escape import esc
 from rlpulse.sinks.trajectories import NO_SAMPLE, build_tree
@@ -203,11 +204,11 @@ def _dialogue(spans: list[Any]) -> str:
 
 def trajectory_page(store: Store, project: str, run: str, attempt: int, rollout: str) -> tuple[str, int | None, str | None]:
     """The body, and the trajectory's step and sample (for the page's crumbs)."""
-    d = data.trajectory(store, project, run, attempt, rollout)
+    d = spans.trajectory(store, project, run, attempt, rollout)
     if not d.spans:
         raise NotFound(f"no spans of rollout {rollout!r} in run {run!r} attempt {attempt}")
     r = d.rollout
-    reward = data.reward_of(d)
+    reward = spans.reward_of(d)
     figures = [("reward", num(reward)), ("status", r.status if r else "no ROLLOUT span"),
                ("message", r.status_message if r else ""), ("step", num(d.step)), ("sample", d.sample or NO_SAMPLE),
                ("completion tokens", num(r.typed.get("completion_tokens")) if r else "–"),
@@ -219,7 +220,7 @@ def trajectory_page(store: Store, project: str, run: str, attempt: int, rollout:
     metrics = "".join(f"<tr><td>{text(next(s.kind for s in d.spans if s.span_id == sid))}</td><td>{text(k)}</td>"
                       f'<td class="n">{num(x)}</td></tr>' for sid, m in d.metrics.items() for k, x in sorted(m.items()))
     tools = "".join(
-        f'<tr class="tool" data-span-id="{text(s.span_id)}"><td>{text(data.first(s.attributes, *TOOL_KEYS) or s.name)}</td>'
+        f'<tr class="tool" data-span-id="{text(s.span_id)}"><td>{text(spans.first(s.attributes, *TOOL_KEYS) or s.name)}</td>'
         f'<td class="status-{esc(s.status)}">{esc(s.status)}{" · " + text(s.status_message) if s.status_message else ""}</td>'
         f'<td class="n">{esc(duration(s.end_ns - s.start_ns))}</td>'
         f'<td><pre class="arguments">{block(s.attributes.get("gen_ai.tool.call.arguments", "–"))}</pre></td>'

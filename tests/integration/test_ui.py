@@ -172,6 +172,9 @@ def test_run_page_charts_and_steps_equal_the_saved_queries(ran: Any) -> None:
     with page.expect_navigation():  # page.url and the next reads wait for the new page
         page.click(f'tr.run[data-run="{RUN}"] td.run-id a')
     assert urlsplit(page.url).path == "/run"
+    [status] = [r for r in saved(settings, "run-status") if (r["project"], r["run_id"]) == ("uisim", RUN)]
+    assert [page.locator(f'div.figure[data-figure="{k}"] .value').inner_text() for k in ("status", "steps done")] == [
+        status["status"], str(status["steps"])]
     for name in ("reward", "reward-heatmap", "clipped-ratio", "failures", "completion-length", "alerts"):
         chart = page.locator(f'svg[data-chart="{name}"]')
         assert chart.count() == 1 and chart.locator(".no-data").count() == 0, name
