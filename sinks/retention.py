@@ -131,6 +131,7 @@ class Retention:
         return ", ".join(rules)
 
 
+_DATABASE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # A TTL rule as ClickHouse prints the ones rules() writes: its interval, then an optional WHERE.
 _RULE = re.compile(r"^toDateTime\((\w+)\) \+ toIntervalDay\((\d+)\)(?: WHERE (.*))?$", re.DOTALL)
 _LITERAL = r"'(?:[^'\\]|\\.)*'"
@@ -196,7 +197,7 @@ def parse(table: str, ttl: str) -> Retention:
     for rule in split_rules(ttl):
         m = _RULE.match(rule)
         if not m or m.group(1) != TIME_COLUMNS[table]:
-            raise RetentionError(f"the TTL of {table} was not written by rlpulse retention: {ttl[:300]}")
+            raise _by_hand(table, ttl)
         days, where = int(m.group(2)), m.group(3)
         one = _ONE_PROJECT.match(where or "")
         if one:
@@ -204,8 +205,13 @@ def parse(table: str, ttl: str) -> Retention:
         elif where is None or _OTHER_PROJECTS.match(where):
             found.default_days = days
         else:
-            raise RetentionError(f"the TTL of {table} was not written by rlpulse retention: {ttl[:300]}")
+            raise _by_hand(table, ttl)
     return found
+
+
+def _by_hand(table: str, ttl: str) -> RetentionError:
+    return RetentionError(f"the TTL of {table} was not written by rlpulse retention, so it is left as it is: {ttl[:300]}. "
+                          f"To manage it here, remove it first (ALTER TABLE {table} REMOVE TTL), then set it again")
 
 
 def _engines(store: Store, cluster: str) -> dict[str, str]:
@@ -234,6 +240,8 @@ def read(store: Store, cluster: str = "") -> list[Retention]:
 def alter_statements(database: str, wanted: Retention, cluster: str = "") -> list[str]:
     """The ALTERs that give ``wanted.table`` the retention ``wanted``: on a cluster, ``ON CLUSTER`` on
     its ``<table>_local`` parts (the Distributed table holds no rows and no TTL)."""
+    if not _DATABASE.match(database):  # from the store's URL: a name, never SQL
+        raise ValueError(f"invalid database name {database!r}")
     rules = wanted.rules()
     statement = (f"ALTER TABLE {database}.{check_table(wanted.table)} MODIFY TTL {rules}" if rules
                  else f"ALTER TABLE {database}.{wanted.table} REMOVE TTL")
