@@ -106,6 +106,17 @@ def load(store: Store, steps: int = STEPS, rollouts: int = ROLLOUTS) -> int:
     return n * 3 + min(rollouts, 8) * steps * 3
 
 
+def settle(store: Store, timeout_s: float = 120.0) -> None:
+    """Wait until ClickHouse has merged what the load wrote: a page timed while background merges of
+    1.5 million fresh rows take the cores measures the merges, not the page (a store the sink filled
+    over hours has long merged its parts)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not store.client.query(f"SELECT count() FROM system.merges WHERE database = '{store.database}'").result_rows[0][0]:
+            return
+        time.sleep(0.5)
+
+
 def pages(steps: int) -> dict[str, str]:
     run = f"project={PROJECT}&run={RUN}&attempt=1"
     mid = steps // 2
@@ -142,6 +153,7 @@ def ui_figures(settings: Settings, steps: int = STEPS, rollouts: int = ROLLOUTS,
         with open_store(dsn, owner="bench ui") as store:
             migrate(store)
             spans = load(store, steps, rollouts)
+            settle(store)
         figures: dict[str, Any] = {"ui_steps": steps, "ui_rollouts_per_step": rollouts, "ui_spans": spans,
                                    "ui_load_s": round(time.perf_counter() - started, 2)}
         with UiServer(lambda: open_reader(dsn, owner="bench ui"), dsn) as server:
