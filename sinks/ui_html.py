@@ -69,12 +69,15 @@ def table(head: Iterable[str], body: str, cls: str = "") -> str:
     return f'<table class="grid {esc(cls)}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def page(title: str, crumbs: list[tuple[str, str | None]], body: str, source: str, now_ns: int) -> str:
-    """The whole document. ``crumbs``: (label, escaped link or None for the current page)."""
+def page(title: str, crumbs: list[tuple[str, str | None]], body: str, source: str, now_ns: int,
+         refresh: int | None = None) -> str:
+    """The whole document. ``crumbs``: (label, escaped link or None for the current page); ``refresh``: seconds
+    after which the browser loads the page again (a live view without a script)."""
     trail = " › ".join(f'<a href="{link}">{text(label)}</a>' if link else f"<span>{text(label)}</span>"
                        for label, link in crumbs)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{text(title)}</title>'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            + (f'<meta http-equiv="refresh" content="{int(refresh)}">' if refresh else "") +
             '<link rel="stylesheet" href="/ui.css"><link rel="icon" href="data:,"></head>'
             f'<body><header><a class="brand" href="/">rlpulse</a><nav class="crumbs">{trail}</nav></header>'
             f"<main><h1>{text(title)}</h1>{body}</main>"

@@ -26,7 +26,7 @@ class NotFound(ValueError):
 
 # -- runs ----------------------------------------------------------------------------------------
 
-def runs_page(store: Store, now_ns: int, project: str | None, active: bool) -> str:
+def runs_page(store: Store, now_ns: int, project: str | None, active: bool, refresh: str = "") -> str:
     if not data.has_tables(store):
         return '<p class="muted">The store has no rlpulse tables yet: nothing has reached it. Run the pipeline.</p>'
     snap = snapshot(store, now_ns, project, show_all=not active)
@@ -36,7 +36,10 @@ def runs_page(store: Store, now_ns: int, project: str | None, active: bool) -> s
     form = ('<form class="filters" method="get" action="/"><label>project <select name="project">'
             f'<option value="">all</option>{options}</select></label>'
             f'<label><input type="checkbox" name="active" value="1"{" checked" if active else ""}> active only '
-            "(reported in the last 10 minutes, or stalled or silent)</label><button>show</button></form>")
+            "(reported in the last 10 minutes, or stalled or silent)</label><label>refresh <select name=\"refresh\">"
+            + "".join(f'<option value="{v}"{" selected" if v == refresh else ""}>{label}</option>'
+                      for v, label in (("", "off"), ("10", "every 10 s"), ("30", "every 30 s"), ("60", "every minute")))
+            + "</select></label><button>show</button></form>")
     body = []
     for r in snap.runs:
         state = r.end_status.upper() if r.state == "ENDED" and r.end_status else r.state

@@ -7,6 +7,7 @@
 ``/step``                 a step's samples; ``project``, ``run``, ``attempt``, ``step``, ``sort``,
                           ``variance``, ``failed``, ``min_reward``, ``max_reward``, ``sample``, ``page``
 ``/trajectory``           a trajectory; ``project``, ``run``, ``attempt``, ``rollout``
+any page                  ``refresh=N``: the browser reloads it every N seconds (a live view, no script)
 ========================  =====================================================================
 
 A value that does not parse (a step that is not a number, an unknown sort) is answered 400 with
@@ -24,6 +25,7 @@ from rlpulse.sinks.ui_html import href
 from rlpulse.sinks.ui_pages import NotFound, RunView, run_page, runs_page
 
 MAX_VALUE = 1024  # characters of one parameter (ids are far shorter)
+REFRESH_MIN = 5  # seconds: ``refresh=N`` on any page reloads it every N seconds (5 to 3600)
 INT_MAX = 2**63 - 1
 
 Query = dict[str, list[str]]
@@ -86,7 +88,8 @@ def route(store: Store, path: str, query: Query, now_ns: int) -> Page:
         raise NotFound(f"no page {path}")
     if path == "/":
         project = one(query, "project") or None
-        return "Runs", [("Runs", None)], runs_page(store, now_ns, project, one(query, "active") == "1")
+        refresh = one(query, "refresh") or ""
+        return "Runs", [("Runs", None)], runs_page(store, now_ns, project, one(query, "active") == "1", refresh)
     project, run = one(query, "project") or "", one(query, "run", required=True) or ""
     if path == "/run":
         metrics = [m for m in query.get("metric", []) if m and len(m) <= MAX_VALUE]

@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from rlpulse.sinks.clickhouse import Store
 from rlpulse.sinks.ui_html import CSS, error_page, page
-from rlpulse.sinks.ui_routes import BadParameter, route
+from rlpulse.sinks.ui_routes import REFRESH_MIN, BadParameter, integer, route
 from rlpulse.sinks.ui_pages import NotFound
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         now = time.time_ns()
         try:
+            refresh = integer(query, "refresh", low=REFRESH_MIN)
             with self.ui.store() as store:
                 title, crumbs, body = route(store, url.path, query, now)
         except BadParameter as exc:
@@ -131,7 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
             log.info("ui: cannot read the store: %s", exc)
             self._html(503, error_page(503, f"cannot read the store: {exc}", now), head)
             return
-        self._html(200, page(title, crumbs, body, self.ui.source, now), head)
+        self._html(200, page(title, crumbs, body, self.ui.source, now, min(refresh, 3600) if refresh else None), head)
 
     def _authenticated(self, given: str) -> bool:
         """The token from the URL, the cookie or the Authorization header, compared in constant time."""

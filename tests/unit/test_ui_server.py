@@ -130,6 +130,7 @@ def test_only_reads(ui: UiServer) -> None:
     ("/step?project=p&run=r&attempt=1&step=1&min_reward=nan", "min_reward: expected a finite number"),
     ("/trajectory?project=p&run=r&attempt=1", "the URL needs rollout="),
     ("/run?project=p", "the URL needs run="),
+    ("/run?project=p&run=r&refresh=1", "refresh: expected a number from 5"),
 ])
 def test_bad_parameters_are_400_with_what_was_expected(ui: UiServer, path: str, why: str) -> None:
     status, _, body = get(ui, path, auth(ui))
@@ -155,6 +156,11 @@ def test_text_href_and_numbers() -> None:
     assert (num(0.123456), num(1.0), num(None), num(3), num(True), num(-0.00001)) == ("0.1235", "1", "–", "3", "yes", "0")
     with pytest.raises(BadParameter):
         integer({"step": ["1e3"]}, "step")
+
+
+def test_refresh_is_a_meta_tag_not_a_script() -> None:
+    assert '<meta http-equiv="refresh" content="30">' in page("t", [], "", "s", 0, refresh=30)
+    assert "http-equiv" not in page("t", [], "", "s", 0)
 
 
 def test_a_hostile_page_title_group_message_and_chart() -> None:
