@@ -45,7 +45,10 @@ def runs_page(store: Store, now_ns: int, project: str | None, active: bool, refr
         state = r.end_status.upper() if r.state == "ENDED" and r.end_status else r.state
         link = href("/run", [("project", r.project), ("run", r.run_id), ("attempt", r.attempt)])
         s_max, s_mean = stale.get(r.key, (None, None))
-        alerts = ", ".join(f"{a.rule}" for a in r.alerts)
+        rules: dict[str, int] = {}
+        for a in r.alerts:  # one rule may be open for several keys (a term each, a GPU each)
+            rules[a.rule] = rules.get(a.rule, 0) + 1
+        alerts = ", ".join(rule + (f" ×{n}" if n > 1 else "") for rule, n in sorted(rules.items()))
         body.append(
             f'<tr class="run" data-project="{text(r.project)}" data-run="{text(r.run_id)}" data-attempt="{r.attempt}">'
             f'<td class="state state-{esc(state)}">{esc(state)}</td><td>{text(r.project)}</td>'
