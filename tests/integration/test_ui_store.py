@@ -47,6 +47,12 @@ def test_every_page_answers(store_url: str) -> None:
         _, step = fetch(server, pages(STEPS)["step"])
         assert step.count('<section class="group"') == ROLLOUTS // PER_SAMPLE
         assert step.count('<a class="card') == ROLLOUTS
+        run = f"/run?project={PROJECT}&run={RUN}&attempt=1"
+        _, chosen = fetch(server, run + "&metric=kl&metric=no-such-metric")
+        assert 'data-series="kl" data-points="12"' in chosen and "no-such-metric" not in chosen.split("<h2>Per step")[1]
+        _, default = fetch(server, run)  # none chosen: the first three by name, each a chart
+        assert [n for n in ("grad_norm", "kl", "loss") if f'data-series="{n}" data-points="12"' in default] == [
+            "grad_norm", "kl", "loss"]
         assert fetch(server, f"/step?project={PROJECT}&run={RUN}&attempt=1&step={STEPS + 5}")[0] == 404
         assert fetch(server, f"/trajectory?project={PROJECT}&run={RUN}&attempt=1&rollout=nope")[0] == 404
 
