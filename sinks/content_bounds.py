@@ -15,7 +15,7 @@ every event whatever is capped here.
 * **Characters per value** (``RLPULSE_SINK_CONTENT_MAX_CHARS``, 65,536 by default as the SDK's own
   limit; 0: no cap): the SDK cuts what it records (``rlpulse.producers.tracing_content``), other
   writers (an OpenTelemetry exporter of their own, a raw producer) may not; the sink cuts each
-  attribute value to that many characters, with a marker saying how many went.
+  attribute value, and the status message, to that many characters, with a marker saying how many went.
 
 Each row says what it lost: ``content_cut_chars`` counts the characters the sink removed (the SDK's
 own cut stays in the attribute ``rlpulse.content.cut_chars``); the saved query ``content-dropped``
@@ -80,13 +80,14 @@ class BoundedPlan(InsertPlan):
         return self._sql(database, f"input({sql_quote(self.structure)})") + " FORMAT Avro"
 
 
-def _value_cap(m: int) -> tuple[str, str]:
-    """Lambda bodies over ``v``: the value cut to ``m`` characters, and the characters that cuts."""
+def _value_cap(m: int, v: str = "v") -> tuple[str, str]:
+    """Expressions of the string ``v`` (a lambda's argument, or a column): it cut to ``m`` characters, and
+    the characters that cuts."""
     if m <= 0:
-        return "v", "0"
-    over = f"(length(v) > {m} AND lengthUTF8(v) > {m})"  # bytes first: lengthUTF8 only for long values
-    cut = f"concat(leftUTF8(v, {m}), '…[rlpulse sink: ', toString(lengthUTF8(v) - {m}), ' characters cut]')"
-    return f"if({over}, {cut}, v)", f"if({over}, toUInt64(lengthUTF8(v) - {m}), 0)"
+        return v, "0"
+    over = f"(length({v}) > {m} AND lengthUTF8({v}) > {m})"  # bytes first: lengthUTF8 only for long values
+    cut = f"concat(leftUTF8({v}, {m}), '…[rlpulse sink: ', toString(lengthUTF8({v}) - {m}), ' characters cut]')"
+    return f"if({over}, {cut}, {v})", f"if({over}, toUInt64(lengthUTF8({v}) - {m}), 0)"
 
 
 def _content() -> str:
@@ -120,8 +121,8 @@ def bounded_plan(plan: InsertPlan, bounds: Bounds, keys: Iterable[bytes | None])
         return plan
     cols = list(plan.columns)
     inner = ", ".join(f"{e} AS _c{i}" for i, e in enumerate(plan.expressions))
-    c = {name: f"_c{cols.index(name)}" for name in ("project", "run_id", "attempt", "step", "rollout_id", "attributes")
-         if name in cols}
+    c = {name: f"_c{cols.index(name)}" for name in ("project", "run_id", "attempt", "step", "rollout_id", "attributes",
+                                                    "status_message") if name in cols}
     attrs = c["attributes"]
     cap, cap_cut = _value_cap(bounds.max_chars)
     # byteSize (native, no lambda) lets the rows whose attributes are all short, nearly every row, skip
@@ -130,7 +131,12 @@ def bounded_plan(plan: InsertPlan, bounds: Bounds, keys: Iterable[bytes | None])
     full = f"if({short}, {attrs}, mapApply((k, v) -> (k, {cap}), {attrs}))" if bounds.max_chars > 0 else attrs
     full_cut = (f"if({short}, toUInt64(0), arraySum(v -> {cap_cut}, mapValues({attrs})))" if bounds.max_chars > 0
                 else "toUInt64(0)")
-    if bounds.span_cap <= 0 or len(c) < 6:  # only the value cap (or a writer without run or step ids)
+    # The status message (an error's text, up to 64 KiB from the SDK) is held to the same cap, and kept on capped spans.
+    message, message_cut = c.get("status_message"), "toUInt64(0)"
+    if message is not None and bounds.max_chars > 0:
+        message_cap, message_cut = _value_cap(bounds.max_chars, message)
+    if bounds.span_cap <= 0 or not {"project", "run_id", "attempt", "step", "rollout_id"} <= c.keys():
+        # Only the value cap (or a writer without run or step ids: nothing to count trajectories by).
         keep, rows = "1", f"(SELECT {inner} FROM {_SOURCE})"
     else:
         source = f"SELECT {inner}, rowNumberInAllBlocks() AS _row FROM {_SOURCE}"
@@ -150,8 +156,10 @@ def bounded_plan(plan: InsertPlan, bounds: Bounds, keys: Iterable[bytes | None])
     strip_cut = f"arraySum(v -> toUInt64(lengthUTF8(v)), mapValues(mapFilter((k, v) -> {_content()}, {attrs})))"
     outer = [f"_c{i}" if name != "attributes" else (full if keep == "1" else f"if({keep}, {full}, {strip})")
              for i, name in enumerate(cols)]
+    if message_cut != "toUInt64(0)":
+        outer[cols.index("status_message")] = message_cap
     outer.append("toUInt8(0)" if keep == "1" else f"toUInt8(NOT {keep})")
-    outer.append(full_cut if keep == "1" else f"if({keep}, {full_cut}, {strip_cut})")
+    outer.append((full_cut if keep == "1" else f"if({keep}, {full_cut}, {strip_cut})") + f" + {message_cut}")
     query = f"SELECT {', '.join(outer)} FROM {rows}"
     return BoundedPlan(table=plan.table, columns=(*plan.columns, "content_capped", "content_cut_chars"),
                        structure=plan.structure, select=plan.select, expressions=plan.expressions, query=query)

@@ -56,15 +56,20 @@ def llm(run: str, rollout: str, step: int | None) -> dict:
                                               "note": NOTE, "gen_ai.usage.output_tokens": 12})
 
 
-def rollout(run: str, rollout_id: str, step: int) -> dict:
-    return span(run, rollout_id, step, "ROLLOUT", k="v")
+def rollout(run: str, rollout_id: str, step: int, error: str = "") -> dict:
+    record = span(run, rollout_id, step, "ROLLOUT", k="v")
+    record.update(status="ERROR" if error else "OK", status_message=error)
+    return record
+
+
+ERROR = "E" * 150  # a status message over the cap: cut, and kept on a capped span
 
 
 # Rounds of messages (run, records), each round drained by a sink of its own.
 ROUNDS = [
     [("r1", [llm("r1", "a", 1), llm("r1", "b", 1)])],
     [("r1", [llm("r1", "c", 1), rollout("r1", "a", 1)]),
-     ("r1", [rollout("r1", "b", 1), llm("r1", "d", 1), rollout("r1", "c", 1), rollout("r1", "d", 1)]),
+     ("r1", [rollout("r1", "b", 1), llm("r1", "d", 1), rollout("r1", "c", 1, ERROR), rollout("r1", "d", 1)]),
      ("r1", [llm("r1", "e", 2), llm("r1", "f", 2), llm("r1", "g", 2),
              span("r1", "ckpt", None, "CHECKPOINT", note=NOTE, **{"rlpulse.content.cut_chars": 42})])],
     [("r2", [llm("r2", "a", 1), rollout("r2", "a", 1)])],
@@ -97,7 +102,7 @@ def expected_rows() -> list[tuple]:
                 elif r["kind"] == "CHECKPOINT":  # no step: never capped; its long value cut to 100
                     cut, keys = 200, ["note", "rlpulse.content.cut_chars"]
                 else:
-                    cut, keys = 0, ["k"]
+                    cut, keys = (50 if r["status_message"] else 0), ["k"]
                 out.append((r["run_id"], r["step"], r["rollout_id"], r["kind"], int(capped), cut, keys))
     return out
 
@@ -107,6 +112,9 @@ def stored_rows(settings: Settings) -> list[tuple]:
         rows = store.client.query(f"SELECT run_id, step, rollout_id, kind, content_capped, content_cut_chars, "
                                   f"mapKeys(attributes), attributes, reward FROM {store.database}.spans FINAL "
                                   "ORDER BY sequence_id").result_rows
+        messages = store.client.query(f"SELECT status_message FROM {store.database}.spans FINAL "
+                                      "WHERE status = 'ERROR'").result_rows
+    assert messages == [(ERROR[:100] + "…[rlpulse sink: 50 characters cut]",)]
     for *_, attributes, _reward in rows:  # what a kept value looks like; every field but content stays
         for key, value in attributes.items():
             if key in ("gen_ai.input.messages", "note"):
@@ -141,14 +149,14 @@ def test_the_first_trajectories_of_each_step_stay_whole_and_the_rest_lose_their_
     assert cli_main(["query", "--saved", "content-dropped", "--param", "run_id=r1", "--format", "json"]) == 0
     per_step = [(r["step"], r["trajectories"], r["trajectories_capped"], r["spans"], r["spans_capped"],
                  r["sink_cut_chars"], r["sdk_cut_chars"]) for r in json.loads(capsys.readouterr().out)]
-    assert per_step == [(1, 4, 2, 8, 4, 2 * 250 + 2 * 450, 0),
+    assert per_step == [(1, 4, 2, 8, 4, 2 * 250 + 2 * 450 + 50, 0),
                         (2, 3, 1, 3, 1, 2 * 250 + 450, 0),
                         (None, 1, 0, 1, 0, 200, 42)]  # no step: never capped, its long value cut
     assert cli_main(["retention", "--project", "capped"]) == 0
     shown = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(shown) if line.startswith("project "))
     # runs with something dropped, trajectories and spans capped, characters cut by the sink and the SDK
-    assert shown[header + 2].split() == ["capped", "2", "3", "5", str(200 + 1400 + 950 + 250 + 0), "42"]
+    assert shown[header + 2].split() == ["capped", "2", "3", "5", str(200 + 1450 + 950 + 250), "42"]
 
 
 def test_figures_stay_exact_under_the_cap_and_the_dropped_counts_are_the_trajectories_past_it(settings: Settings) -> None:
