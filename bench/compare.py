@@ -53,6 +53,10 @@ TABLE = [
     Row("latency_events_per_s", "  at a live load of", "events/s", "", ""),
     Row("streams_peak_rss_mib", "streams peak RSS ({runs} runs)", "MiB", "< 500", "-"),
     Row("sink_peak_rss_mib", "sink peak RSS", "MiB", "", "-"),
+    Row("ui_runs_s_max", "rlpulse ui, runs page, slowest of 5", "s", "< 1", "-"),
+    Row("ui_run_s_max", "  a run of 1,000 steps x 512 rollouts", "s", "< 1", "-"),
+    Row("ui_step_s_max", "  a step's 512 trajectories", "s", "< 1", "-"),
+    Row("ui_trajectory_s_max", "  a trajectory", "s", "< 1", "-"),
 ]
 
 

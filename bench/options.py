@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write this run's figures to bench/results/baseline.json, which every run is compared with")
     p.add_argument("--skip-sdk", action="store_true", help="leave out bench/sdk.py's figures")
     p.add_argument("--skip-e2e", action="store_true", help="leave out the ceilings, the drains and the latency")
+    p.add_argument("--skip-ui", action="store_true",
+                   help="leave out rlpulse ui's answer times for a run of 1,000 steps x 512 rollouts (bench/ui_bench.py)")
     p.add_argument("--drain-timeout", type=float, default=300.0, help="seconds before a drain counts as not completed")
     p.add_argument("--latency-s", type=float, default=20.0, help="seconds of live load for the latency figures")
     p.add_argument("--no-profile", action="store_true", help="do not attach py-spy during the first drain")

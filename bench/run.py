@@ -72,6 +72,20 @@ def sdk_figures(settings: Settings, repetitions: int = REPS) -> dict[str, Any]:
     return out
 
 
+def ui_figures_or_error(settings: Settings, errors: dict[str, str]) -> dict[str, Any]:
+    """rlpulse ui's answer times for 1,000 steps x 512 rollouts (bench/ui_bench.py); a failure is recorded."""
+    try:
+        from bench.ui_bench import ui_figures
+
+        _say("ui: loading 1,000 steps x 512 rollouts into a store and timing each page ...")
+        with Ticker("ui: timing the pages", say=_say, every=10):
+            return ui_figures(settings)
+    except Exception as exc:
+        errors["ui"] = f"{type(exc).__name__}: {exc}"
+        _say(traceback.format_exc(limit=4))
+        return {}
+
+
 def add_ratios(r: dict[str, Any]) -> None:
     r["sdk_call_over_floor"] = ratio(r.get("sdk_call_ns_median"), r.get("sdk_floor_ns_median"))
     r["producer_over_ceiling"] = ratio(r.get("producer_events_per_s"), r.get("producer_ceiling_events_per_s"))
@@ -152,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         results.update(e2e)
         results["e2e_config"] = {"workload": dataclasses.asdict(workload), "drain": {
             k: v for k, v in dataclasses.asdict(config.drain).items() if k != "profile_dir"}}
+    if not (args.skip_ui or args.quick or args.smoke):
+        results.update(ui_figures_or_error(settings, results["errors"]))
     add_ratios(results)
     results["seconds"] = round(time.time() - started, 1)
     text = json.dumps(results, indent=2, default=str)
