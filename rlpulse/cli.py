@@ -342,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
             from rlpulse import services
 
             services.require_broker(commands.settings_of(args))
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # output still buffered (stdout a pipe) meets a gone reader here, not at exit's flush
+        return code
     except BrokenPipeError:  # `rlpulse query ... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 141
