@@ -116,7 +116,7 @@ def table(r: dict[str, Any], ratios: dict[str, dict[str, Any]] | None = None, ba
     lines = [f"{head[0].ljust(w[0])}  {head[1].rjust(w[1])}  {head[2].ljust(w[2])}  {head[3].ljust(w[3])}  {head[4]}",
              "-" * (sum(w) + 8)]
     lines += [f"{a.ljust(w[0])}  {b.rjust(w[1])}  {c.ljust(w[2])}  {d.ljust(w[3])}  {e}".rstrip() for a, b, c, d, e in rows]
-    worse = [row.label.strip() for row in TABLE if ratios.get(row.key, {}).get("worse")]
+    worse = [row.label.format(runs=runs).strip() for row in TABLE if ratios.get(row.key, {}).get("worse")]
     if worse:
         lines.append(f"\n{len(worse)} figure(s) more than {WORSE:.0%} worse than the baseline: {', '.join(worse)}")
     return "\n".join(lines)

@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-ui", action="store_true",
                    help="leave out rlpulse ui's answer times for a run of 1,000 steps x 512 rollouts (bench/ui_bench.py)")
     p.add_argument("--drain-timeout", type=float, default=300.0, help="seconds before a drain counts as not completed")
-    p.add_argument("--latency-s", type=float, default=20.0, help="seconds of live load for the latency figures")
+    p.add_argument("--latency-s", type=float, default=None,
+                   help="seconds of live load for the latency figures (default 20; 5 with --quick or --smoke)")
     p.add_argument("--no-profile", action="store_true", help="do not attach py-spy during the first drain")
     p.add_argument("--keep", action="store_true", help="keep the benchmark's topics and chDB stores afterwards")
     p.add_argument("--output", metavar="DIR", default=None,

@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         # --smoke: every phase once on 50 runs
         workload = WorkloadConfig(runs=50 if args.smoke else args.runs)
         short = args.quick or args.smoke
-        config = E2EConfig(workload=workload, latency_s=5.0 if short else args.latency_s, keep=args.keep,
+        latency_s = args.latency_s if args.latency_s is not None else 5.0 if short else 20.0
+        config = E2EConfig(workload=workload, latency_s=latency_s, keep=args.keep,
                            reps=1 if short else args.reps,
                            ceiling_reps=0 if args.quick else 1 if args.smoke else REPS,
                            consumer_reps=0 if args.quick else 1 if args.smoke else 2,
