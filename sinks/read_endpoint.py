@@ -39,7 +39,6 @@ import logging
 import os
 import re
 import secrets
-import sys
 import threading
 import time
 import uuid
@@ -48,12 +47,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from email.parser import BytesParser
 from email.policy import HTTP
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from rlpulse.schemas.env import READ_PORT
+from rlpulse.sinks.bounded_http import BoundedHTTPServer
 from rlpulse.sinks.endpoint_file import ENDPOINT_FILE, publish, withdraw
 from rlpulse.sinks.read_engine import Engine, QueryFailed, ReadLimits
 
@@ -300,43 +300,6 @@ def _content_type(fmt: str) -> str:
     return "application/octet-stream"
 
 
-class _Server(ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections`` of them; the ones over are refused at accept."""
-
-    daemon_threads = True
-    request_queue_size = 128  # the listen backlog: a burst waits to be accepted (and refused) instead of retrying SYNs
-
-    def __init__(self, address: tuple[str, int], handler: type[_Handler], max_connections: int):
-        super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self.refused = 0  # connections turned away, for the log and the tests
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            try:
-                request.settimeout(0)  # the accepting thread never waits on a client
-                request.send(_BUSY)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:  # one line, never a traceback
-        log.warning("read endpoint: connection from %s failed: %s", client_address[0], type(sys.exc_info()[1]).__name__)
-
-
 class ReadEndpoint:
     """The HTTP server, in daemon threads, and the endpoint file that lets readers find it."""
 
@@ -345,7 +308,7 @@ class ReadEndpoint:
         self.engine = Engine(str(store_path), limits or ReadLimits())
         self.user, self.password = READ_USER, secrets.token_urlsafe(24)  # never logged: it is in the 0600 file only
         handler = type("Handler", (_Handler,), {"engine": self.engine, "password": self.password})
-        self._server = _Server((host, port), handler, self.engine.limits.max_connections)
+        self._server = BoundedHTTPServer((host, port), handler, self.engine.limits.max_connections, _BUSY, "read endpoint")
         self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
         self.url = f"http://{self.address[0]}:{self.address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="rlpulse-read-endpoint", daemon=True)

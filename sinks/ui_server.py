@@ -25,16 +25,16 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.cookies import CookieError, SimpleCookie
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from rlpulse.sinks.bounded_http import BoundedHTTPServer
 from rlpulse.sinks.clickhouse import Store
 from rlpulse.sinks.ui_html import CSS, error_page, page
 from rlpulse.sinks.ui_routes import REFRESH_MIN, BadParameter, integer, route
@@ -171,40 +171,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-class _Server(ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections``; the ones over are answered 503 at accept."""
-
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], handler: type[_Handler], max_connections: int):
-        super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(max_connections)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            try:
-                request.settimeout(0)
-                request.send(_BUSY)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:  # one line, never a traceback
-        log.warning("ui: connection from %s failed: %s", client_address[0], type(sys.exc_info()[1]).__name__)
-
-
 class UiServer:
     """The page's HTTP server (``start``/``close``, or ``serve_forever``); ``opener`` opens the store for one request."""
 
@@ -214,7 +180,7 @@ class UiServer:
         self.token = token or secrets.token_urlsafe(32)
         self._reading = threading.Lock()
         handler = type("Handler", (_Handler,), {"ui": self})
-        self._server = _Server((host, port), handler, max_connections)
+        self._server = BoundedHTTPServer((host, port), handler, max_connections, _BUSY, "ui")
         self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
         self.cookie = f"rlpulse-ui-{self.address[1]}"  # per port: two pages on one host keep their own tokens
         shown = f"[{self.address[0]}]" if ":" in self.address[0] else self.address[0]
