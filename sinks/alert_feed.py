@@ -142,7 +142,7 @@ class AlertFeed:
                 worker.cancel()  # an in-flight POST is abandoned: its alert stays uncommitted
                 await asyncio.gather(worker, return_exceptions=True)
             try:
-                await asyncio.wait_for(self.commit(), 3.0)
+                await asyncio.wait_for(self._last_commit(), 3.0)
             except (asyncio.TimeoutError, KafkaError) as exc:
                 log.warning("alerts: last commit failed (%s); the next start posts those alerts again", type(exc).__name__)
             try:
@@ -185,7 +185,17 @@ class AlertFeed:
                 self.done[item.tp] = item.offset + 1
             self.queue.task_done()
 
-    async def commit(self, only: set[TopicPartition] | None = None) -> None:
+    async def _last_commit(self) -> None:
+        """The commit before the feed ends, tried again while the group is rebalancing (a member that
+        joined moments ago, on a busy broker): refused, the next start would post those alerts again."""
+        while True:
+            try:
+                return await self.commit(raise_errors=True)
+            except KafkaError as exc:
+                log.info("alerts: commit refused (%s); trying again", type(exc).__name__)
+                await asyncio.sleep(0.2)
+
+    async def commit(self, only: set[TopicPartition] | None = None, raise_errors: bool = False) -> None:
         consumer = self.consumer
         if consumer is None:
             return
@@ -197,6 +207,8 @@ class AlertFeed:
         try:
             await consumer.commit(offsets)
         except KafkaError as exc:  # a rebalance under way: the new owner re-posts (at least once)
+            if raise_errors:
+                raise
             log.warning("alerts: commit failed (%s); those alerts may be posted again", type(exc).__name__)
             return
         self.committed.update(offsets)
