@@ -171,8 +171,11 @@ def test_output_piped_to_head_exits_quietly(empty: str) -> None:
 def test_ctrl_c_exits_130_without_a_traceback(settings: Settings, tmp_path: Path) -> None:
     env = _env(settings.clickhouse_dsn, RLPULSE_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
                RLPULSE_TOPIC_PREFIX=settings.topic_prefix)
+    # SIGINT as a terminal gives it: a shell that starts jobs in the background (CI=true bash .ci/run &)
+    # leaves SIGINT ignored in its children, and Python then never turns it into KeyboardInterrupt.
     proc = subprocess.Popen([sys.executable, "-m", "rlpulse.cli", "simulate", "--runs", "50", "--steps", "400"],
-                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert "published" in proc.stdout.readline()  # it is under way
         proc.send_signal(signal.SIGINT)

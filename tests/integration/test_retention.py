@@ -163,6 +163,7 @@ def test_a_ttl_set_by_hand_is_shown_and_left_alone(stored: Settings, run) -> Non
     assert "set by hand" in line and line.endswith("toDateTime(time) + toIntervalMonth(2)")
 
 
+@pytest.mark.full  # starts a sink: make test-all, keeping make test within 6 minutes
 def test_while_a_sink_holds_the_store_retention_is_shown_and_a_change_names_the_fix(stored: Settings) -> None:
     with Pipeline(stored) as pipeline:
         pipeline.start(("sink",))

@@ -159,6 +159,7 @@ def test_the_first_trajectories_of_each_step_stay_whole_and_the_rest_lose_their_
     assert shown[header + 2].split() == ["capped", "2", "3", "5", str(200 + 1450 + 950 + 250), "42"]
 
 
+@pytest.mark.full  # streams and sink over the simulator (~20 s): make test-all, keeping make test within 6 minutes
 def test_figures_stay_exact_under_the_cap_and_the_dropped_counts_are_the_trajectories_past_it(settings: Settings) -> None:
     cap, config = 3, SimConfig(project="capsim", runs=2, steps=3, rollouts_per_step=8, seed=11)
     settings = dataclasses.replace(settings, span_cap=cap)
