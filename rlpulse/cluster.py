@@ -78,6 +78,9 @@ def node_properties(node: int, size: int, host: str, base: int, data: Path) -> s
         "unclean.leader.election.enable=false\n"  # a replica that missed acknowledged writes never leads
         "group.initial.rebalance.delay.ms=0\n"
         "log.retention.hours=168\n"
+        # Three JVMs starting on two busy cores: a node whose quorum was still forming gave up registering
+        # after Kafka's 60 s and exited ("unable to register with the controller quorum"); up waits 120 s.
+        "initial.broker.registration.timeout.ms=180000\n"
     )
 
 
