@@ -30,7 +30,7 @@ from tests.clickhouse_users import READER, SINK, USERS_FILE, chdb_config, grants
 REPO = Path(__file__).resolve().parents[2]
 DB = "rlpulse"
 ALL_OF_A_MOVE = {"SELECT", "DROP TABLE", "CREATE TABLE", "INSERT"}  # RENAME / EXCHANGE: both names
-ALTERS = {r"ADD COLUMN": "ALTER ADD COLUMN", r"MODIFY ORDER BY": "ALTER ORDER BY"}
+ALTERS = {r"ADD COLUMN": "ALTER ADD COLUMN", r"MODIFY ORDER BY": "ALTER ORDER BY", r"MODIFY SETTING": "ALTER SETTINGS"}
 
 
 def needed(statement: str) -> set[str]:
@@ -53,9 +53,12 @@ def needed(statement: str) -> set[str]:
     if s.startswith(("RENAME TABLE", "EXCHANGE TABLES")):
         return set(ALL_OF_A_MOVE)
     if s.startswith("ALTER TABLE"):
-        out = set()
+        out: set[str] = set()
+        kind = None
         for clause in top_level_clauses(s.split(" ", 3)[3]):
-            kind = next((grant for op, grant in ALTERS.items() if clause.startswith(op)), None)
+            # MODIFY SETTING a = 1, b = 0: the settings after the first are clauses of their own here
+            setting = kind == ALTERS["MODIFY SETTING"] and re.fullmatch(r"\w+ = \S+", clause)
+            kind = kind if setting else next((grant for op, grant in ALTERS.items() if clause.startswith(op)), None)
             if kind is None:
                 raise AssertionError(f"unclassified ALTER clause {clause!r}: add it to ALTERS here and grant it to "
                                      f"{SINK} in {USERS_FILE.relative_to(REPO)}")
@@ -76,7 +79,7 @@ def all_statements() -> list[str]:
 
 def test_the_users_file_grants_the_rlpulse_database_only() -> None:
     assert privileges(SINK) == {"rlpulse.*": {"SELECT", "INSERT", "CREATE DATABASE", "CREATE TABLE", "DROP TABLE",
-                                              "ALTER ADD COLUMN", "ALTER ORDER BY"}}
+                                              "ALTER ADD COLUMN", "ALTER ORDER BY", "ALTER SETTINGS"}}
     assert grants(READER) == ["GRANT SELECT ON rlpulse.*"]
     root = ET.parse(USERS_FILE).getroot()
     reader_profile = root.find(f"profiles/{profile(READER)}")
@@ -187,7 +190,7 @@ def test_migrations_and_inserts_run_under_exactly_the_sink_grants(tmp_path: Path
         ("truncate", "TRUNCATE TABLE rlpulse.steps"),
         ("users", "SELECT name FROM system.users"),
     ])
-    assert out["grants"] == ("ok", [["GRANT SELECT, INSERT, ALTER ADD COLUMN, ALTER ORDER BY, CREATE DATABASE, "
+    assert out["grants"] == ("ok", [["GRANT SELECT, INSERT, ALTER ADD COLUMN, ALTER ORDER BY, ALTER SETTINGS, CREATE DATABASE, "
                                       "CREATE TABLE, DROP TABLE ON rlpulse.* TO default"]])
     assert out["migrate"] == ("ok", sorted(p.stem for p in MIGRATIONS.glob("*.sql")))
     assert out["migrate again"] == ("ok", [])
