@@ -3,6 +3,11 @@
 The Faust app gives these its tables; the test harness (``rlpulse.streams.testing``) gives them dicts.
 Either way the table is written once per message (one changelog record), never per event.
 
+A run's state goes into its table as JSON bytes (:func:`dump_state`), the changelog's raw value:
+Faust's serializer registry cost more than the serializing itself, and a worker holding bytes
+for 1,000 runs needs less memory than one holding their dicts. State an older worker wrote
+through Faust's json serializer is the same JSON, so it restores.
+
 A Faust table can only be written while an event of the partition that owns the key is being
 processed (its changelog goes to that partition), so a tick for partition ``p`` only touches
 states whose ``partition`` is ``p``: the partition whose message last wrote them.
@@ -12,6 +17,8 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+
+import orjson
 from typing import Any, Protocol
 from collections.abc import MutableMapping
 
@@ -47,10 +54,10 @@ class RunStage:
         cached = self._cache.get(key)
         if cached is not None and cached[0] is value:
             return cached[1]
-        return Run.from_dict(value) if value else Run(project, run_id, partition)
+        return Run.from_dict(load_state(value)) if value else Run(project, run_id, partition)
 
     def _store(self, key: str, run: Run) -> None:
-        value = run.to_dict()
+        value = dump_state(run.to_dict())
         self.table[key] = value
         self._cache[key] = (value, run)
 
@@ -97,9 +104,14 @@ class RunStage:
             return []
         out: list[Output] = []
         for key, value in list(self.table.items()):
-            if not value or value["partition"] != partition:
+            if not value:
                 continue
-            run = self._load(key, value["project"], value["run_id"], partition)
+            cached = self._cache.get(key)
+            if cached is None or cached[0] is not value:  # restored from the changelog: read once, then cached
+                cached = self._cache[key] = (value, Run.from_dict(load_state(value)))
+            run = cached[1]
+            if run.partition != partition:
+                continue
             outputs, changed = self.processor.on_tick(run, now_ns)
             out += outputs
             if self.processor.expired(run, now_ns):
@@ -108,6 +120,16 @@ class RunStage:
             elif changed:
                 self._store(key, run)
         return out
+
+
+def dump_state(state: dict[str, Any]) -> bytes:
+    """A run's state as its table value: JSON bytes (non-string keys as JSON would write them)."""
+    return orjson.dumps(state, option=orjson.OPT_NON_STR_KEYS)
+
+
+def load_state(value: bytes | str | dict[str, Any]) -> dict[str, Any]:
+    """A table value back into the state dict (a dict as it is: a table that holds dicts)."""
+    return value if isinstance(value, dict) else orjson.loads(value)
 
 
 ENGINE_STATE = "engine:"  # the table key of an engine's state: this + engine_key (GPU states are keyed by UUID)

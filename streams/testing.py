@@ -130,7 +130,7 @@ class Harness(OutputReader):
         and the wall clock may move on (:meth:`advance`: the rebalance before the replay).
         """
         restored = self._before_last_write if lose_last_write else self.table
-        self.table = json.loads(json.dumps(restored))  # what recovery reads back: plain JSON
+        self.table = dict(restored)  # what recovery reads back: the JSON bytes written
         self.stage = RunStage(RunProcessor(self.config, resumed_ns=self.now_ns), self.table)
         self.caught_up = False
 
@@ -303,6 +303,6 @@ class WorkerHarness(OutputReader):
         changelog, though its outputs were sent. Nothing is handed over until :meth:`deliver` (the
         replay) or :meth:`advance` (ticks, which find messages waiting)."""
         restored = self._before_last_write if lose_last_write else self.table
-        self.table = json.loads(json.dumps(restored))  # what recovery reads back: plain JSON
+        self.table = dict(restored)  # what recovery reads back: the JSON bytes written
         self.gpus = json.loads(json.dumps(self.gpus))
         self._start()

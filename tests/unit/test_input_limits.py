@@ -11,6 +11,7 @@ import pytest
 from rlpulse.producers import TrainingTelemetry
 from rlpulse.schemas.settings import Settings
 from rlpulse.streams.runs import RunConfig
+from rlpulse.streams.stage import load_state
 from rlpulse.streams.testing import NS, Harness
 from tests.unit.test_runs import T0, Job
 
@@ -105,7 +106,8 @@ def test_streams_refuse_a_runs_terms_past_64_and_count_them(caplog):
     t0 = [r for k, r in h.latest("grader-windows").items() if k[3] == "t0"][0]
     assert (t0["graded"], t0["failures"]) == (2, 1)
     assert h.stage.processor.terms_refused == 100
-    assert h.table["p/r1"]["terms_refused"] == 100 and len(h.table["p/r1"]["terms"]) == 64
+    state = load_state(h.table["p/r1"])
+    assert state["terms_refused"] == 100 and len(state["terms"]) == 64
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(lines) == 3  # the 1st, 10th and 100th
     assert lines[0] == (

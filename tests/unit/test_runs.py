@@ -7,6 +7,7 @@ import random
 import pytest
 
 from rlpulse.streams.runs import RunConfig
+from rlpulse.streams.stage import load_state
 from rlpulse.streams.testing import NS, Harness
 
 T0 = 1_700_000_000 * NS  # event times: a fixed epoch, well before the harness clock
@@ -192,7 +193,7 @@ def test_data_older_than_the_retention_is_counted_not_turned_into_a_partial_row(
     rows = h.latest("grader-failures")
     assert rows[("p", "r1", 1, "judge", "timeout", T0)]["failures"] == 1
     assert rows[("p", "r1", 1, "judge", "unavailable", T0)]["failures"] == 0  # no partial row replaced it
-    [run] = h.table.values()
+    [run] = map(load_state, h.table.values())
     assert run["late_dropped"] == 1
 
 
@@ -231,7 +232,7 @@ def test_one_topic_read_to_its_end_before_the_other_is_exact(first):
         h.advance(0.5)  # wall clock moves on while the other topic is still being read
     h.advance(10)
     assert figures(h) == truth
-    [run] = h.table.values()
+    [run] = map(load_state, h.table.values())
     assert run["late_dropped"] == 0
 
 
@@ -269,7 +270,7 @@ def test_sparse_spans_with_the_steps_topic_far_ahead_are_exact():
     h.feed(*steps[-1])
     h.advance(10)
     assert figures(h) == truth
-    [run] = h.table.values()
+    [run] = map(load_state, h.table.values())
     assert run["late_dropped"] == 0
 
 
@@ -361,7 +362,7 @@ def test_a_poison_rollout_is_skipped_and_logged_without_touching_its_step(caplog
     [stats] = h.emissions("step-stats")  # no row for step 5: its only rollout was invalid
     assert (stats["step"], stats["rollouts"], stats["clipped"], stats["reward_mean"]) == (0, 2, 1, 0.6)
     assert h.latest("reward-histograms")[("p", "r1", 1, 0, "judge")]["count"] == 2
-    [run] = h.table.values()
+    [run] = map(load_state, h.table.values())
     assert run["rejected"] == 4
     reasons = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(reasons) == 4 and "reward nan is not finite" in reasons[0] and "negative" in reasons[1]

@@ -19,6 +19,7 @@ import rlpulse.schemas.codec as codec_module
 from rlpulse.schemas.codec import Codec, load_schemas
 from rlpulse.streams.inputs import Inputs
 from rlpulse.streams.runs import RunConfig
+from rlpulse.streams.stage import load_state
 from rlpulse.streams.testing import NS, Harness
 from tests.conftest import unavailable
 
@@ -93,7 +94,7 @@ def test_a_newer_writers_new_trainer_and_step_type_still_count_as_reports(decode
         kind = "CHECKPOINT" if i % 2 else "HEARTBEAT"
         feed(h, decoder, "steps", container(NEWER_STEP, [step(i, kind, i // 3, i + 1, loss=0.5)]))
     assert h.alerts() == []  # 11 s of reports with silent_after 3 s: none silent, none stalled
-    [run] = h.table.values()
+    [run] = map(load_state, h.table.values())
     assert run["stalls"]["p/r1/1"]["step_count"] == 3
     h.advance(4)  # the job stops reporting: now it is silent, once
     assert h.alerts() == [("silent_run", "p/r1/1", "FIRING")]
@@ -141,7 +142,7 @@ def test_an_older_writer_lacking_fields_the_processor_reads_takes_their_defaults
     [stats] = h.emissions("step-stats")
     assert (stats["rollouts"], stats["clipped"], stats["samples"]) == (4, 0, 0)
     assert h.alerts() == [("silent_run", "p/r1/1", "FIRING")]  # silent only once reports stopped for 3 s
-    [run] = h.table.values()
+    [run] = map(load_state, h.table.values())
     assert run["marks"] == {"spans|1|": 103}  # steps without a sequence (0): always applied, never marked
 
 
