@@ -1,7 +1,9 @@
-"""Builds the optional C extension that decodes Avro blocks (schemas/_blockdecode.pyx).
+"""Builds the optional C extensions that decode and encode Avro blocks (schemas/_blockdecode.pyx,
+schemas/_blockencode.pyx).
 
-Everything else is declared in pyproject.toml. The extension is optional: where it cannot be
-compiled, ``schemas.codec`` decodes with fastavro alone (about 7x slower per record).
+Everything else is declared in pyproject.toml. The extensions are optional: where they cannot be
+compiled, ``schemas.codec`` decodes and encodes with fastavro alone (about 7x slower per record
+decoded, about 10x per record encoded).
 """
 
 from setuptools import Extension, setup
@@ -11,7 +13,8 @@ try:
 except ImportError:  # no Cython in the build environment: pure Python install
     extensions = []
 else:
-    extensions = cythonize([Extension("rlpulse.schemas._blockdecode", ["schemas/_blockdecode.pyx"], optional=True)],
+    extensions = cythonize([Extension("rlpulse.schemas._blockdecode", ["schemas/_blockdecode.pyx"], optional=True),
+                            Extension("rlpulse.schemas._blockencode", ["schemas/_blockencode.pyx"], optional=True)],
                            language_level=3, quiet=True)
 
 setup(ext_modules=extensions)

@@ -32,6 +32,10 @@ try:
     from rlpulse.schemas._blockdecode import BlockDecodeError, compile_schema, decode_block
 except ImportError:  # the optional extension was not built: fastavro reads everything
     compile_schema = None
+try:
+    from rlpulse.schemas._blockencode import compile_encoder, encode_records
+except ImportError:  # nor this one: fastavro writes everything
+    compile_encoder = None
 
 SCHEMA_DIR = Path(__file__).parent
 NAMESPACE = "rlpulse.v1"
@@ -312,6 +316,7 @@ class Codec:
             self._readers[name] = dataclasses.replace(schema, header=_container_header(raw, self._sync))
         self._writers: dict[bytes, tuple[_Schema, bool]] = {}  # header schema bytes -> (parsed, same as reader)
         self._compiled: dict[tuple[str, frozenset[str] | None], Any] = {}  # (name, fields) -> block decoder tree
+        self._encoders: dict[str, Any] = {}  # local schema name -> block encoder tree (None: fastavro writes it)
         self._lock = threading.Lock()
 
     def reader(self, name: str) -> _Schema:
@@ -331,17 +336,40 @@ class Codec:
     def encode(self, name: str, records: list[dict[str, Any]]) -> bytes:
         """One container of ``records`` under the local schema ``name``; a record that does not fit raises ValueError."""
         schema = self.reader(name)
-        body = io.BytesIO()
-        write, parsed = fastavro.schemaless_writer, schema.parsed
-        try:
-            for record in records:
-                write(body, parsed, record, strict_allow_default=True)
-        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
-            raise ValueError(f"{short_name(schema.name)} record does not match its schema: {exc}") from None
-        data = body.getvalue()
         if not records:
             return schema.header
+        data = self._fast_body(name, schema, records)
+        if data is None:  # not for the fast path: fastavro writes it, and says what is wrong with it
+            body = io.BytesIO()
+            write, parsed = fastavro.schemaless_writer, schema.parsed
+            try:
+                for record in records:
+                    write(body, parsed, record, strict_allow_default=True)
+            except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+                raise ValueError(f"{short_name(schema.name)} record does not match its schema: {exc}") from None
+            data = body.getvalue()
         return b"".join((schema.header, _long_bytes(len(records)), _long_bytes(len(data)), data, self._sync))
+
+    def _fast_body(self, name: str, schema: _Schema, records: list[dict[str, Any]]) -> bytes | None:
+        """The block body from the compiled encoder (``schemas/_blockencode.pyx``), the same bytes
+        fastavro writes; None where that encoder is not built, cannot take the schema, or declines
+        a record (any record not exactly as the schema says: fastavro then has the last word)."""
+        if compile_encoder is None:
+            return None
+        if name not in self._encoders:
+            try:
+                node = compile_encoder(schema.parsed)
+            except (ValueError, KeyError):
+                node = None
+            with self._lock:
+                self._encoders[name] = node
+        node = self._encoders[name]
+        if node is None:
+            return None
+        try:
+            return encode_records(node, records)
+        except (ValueError, TypeError, OverflowError, UnicodeError):
+            return None
 
     # -- reading ---------------------------------------------------------------------------
     def _writer(self, header: Header) -> tuple[_Schema, bool]:
