@@ -124,25 +124,29 @@ class RunProcessor:
         """Apply one message's records (``topic`` is ``spans`` or ``steps``) and close what is due."""
         out: list[Output] = []
         marks, progress = run.marks, run.progress
+        # A message's records nearly all share one stream (topic, attempt, writer): its sequence
+        # mark and its progress are kept in locals while they do, and written back when it changes
+        # and at the end (steps read neither; the close below reads both).
+        attempt: Any = None
+        writer: Any = None
+        stream, last, latest = "", 0, None
         for r in records:
+            if r["attempt"] != attempt or r.get("writer_id", "") != writer:
+                self._settle(marks, progress, stream, last, latest, now_ns)
+                attempt, writer = r["attempt"], r.get("writer_id", "")
+                stream = f"{topic}|{attempt}|{writer}"
+                last, latest = marks.get(stream, 0), None
             seq = r.get("sequence_id") or 0
-            stream = f"{topic}|{r['attempt']}|{r.get('writer_id', '')}"
             if seq > 0:
-                last = marks.get(stream, 0)
                 if seq <= last:
                     self.duplicates += 1
                     continue
                 if last and seq > last + 1:
                     self._gap(run, stream, last, seq)
-                marks[stream] = seq
+                last = seq
             t = r["time_ns"]
-            mark = progress.get(stream)
-            if mark is None:
-                progress[stream] = [t, now_ns]
-            else:
-                if t > mark[0]:
-                    mark[0] = t
-                mark[1] = now_ns
+            if latest is None or t > latest:
+                latest = t
             if topic == SPANS_TOPIC:
                 kind = r["kind"]
                 if kind == "GRADER" and r.get("term") is not None:
@@ -153,10 +157,27 @@ class RunProcessor:
                     out += [self._alert(run, a) for a in checkpoint_rule(AlertBook(run.alerts), r, now_ns)]
             else:
                 out += self._step_event(run, r, now_ns)
+        self._settle(marks, progress, stream, last, latest, now_ns)
         self.applied += len(records)
         run.seen_ns = now_ns
         out += self._close(run, now_ns, idle=False)
         return out
+
+    @staticmethod
+    def _settle(marks: dict[str, int], progress: dict[str, list[int]], stream: str, last: int, latest: int | None,
+                now_ns: int) -> None:
+        """A stream's sequence mark and progress, from on_records' locals (``latest`` None: no new record)."""
+        if latest is None:
+            return
+        if last:
+            marks[stream] = last
+        mark = progress.get(stream)
+        if mark is None:
+            progress[stream] = [latest, now_ns]
+        else:
+            if latest > mark[0]:
+                mark[0] = latest
+            mark[1] = now_ns
 
     def _grader(self, run: Run, span: dict[str, Any]) -> None:
         start = span["time_ns"] - span["time_ns"] % self.size_ns
