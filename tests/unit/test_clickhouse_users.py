@@ -53,12 +53,9 @@ def needed(statement: str) -> set[str]:
     if s.startswith(("RENAME TABLE", "EXCHANGE TABLES")):
         return set(ALL_OF_A_MOVE)
     if s.startswith("ALTER TABLE"):
-        out: set[str] = set()
-        kind = None
+        out = set()
         for clause in top_level_clauses(s.split(" ", 3)[3]):
-            # MODIFY SETTING a = 1, b = 0: the settings after the first are clauses of their own here
-            setting = kind == ALTERS["MODIFY SETTING"] and re.fullmatch(r"\w+ = \S+", clause)
-            kind = kind if setting else next((grant for op, grant in ALTERS.items() if clause.startswith(op)), None)
+            kind = next((grant for op, grant in ALTERS.items() if clause.startswith(op)), None)
             if kind is None:
                 raise AssertionError(f"unclassified ALTER clause {clause!r}: add it to ALTERS here and grant it to "
                                      f"{SINK} in {USERS_FILE.relative_to(REPO)}")
