@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 .PHONY: demo lint test test-all test-containers test-scale bench soak services-up services-down browser tools
 
-$(VENV)/.installed: pyproject.toml setup.py schemas/_blockdecode.pyx schemas/_blockencode.pyx
+$(VENV)/.installed: pyproject.toml setup.py schemas/_blockdecode.pyx schemas/_blockencode.pyx schemas/_avroops.pxi
 	python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'

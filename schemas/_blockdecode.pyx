@@ -10,21 +10,7 @@ back to fastavro otherwise, and when this extension is not built.
 
 from libc.string cimport memcpy
 
-cdef enum:
-    OP_NULL = 0
-    OP_BOOL = 1
-    OP_INT = 2
-    OP_LONG = 3
-    OP_FLOAT = 4
-    OP_DOUBLE = 5
-    OP_STRING = 6
-    OP_BYTES = 7
-    OP_ENUM = 8
-    OP_UNION = 9
-    OP_MAP = 10
-    OP_ARRAY = 11
-    OP_RECORD = 12
-    OP_FIXED = 13
+include "_avroops.pxi"  # the OP_* codes, shared with the other block module
 
 
 class BlockDecodeError(ValueError):

@@ -20,21 +20,7 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 
-cdef enum:
-    OP_NULL = 0
-    OP_BOOL = 1
-    OP_INT = 2
-    OP_LONG = 3
-    OP_FLOAT = 4
-    OP_DOUBLE = 5
-    OP_STRING = 6
-    OP_BYTES = 7
-    OP_ENUM = 8
-    OP_UNION = 9
-    OP_MAP = 10
-    OP_ARRAY = 11
-    OP_RECORD = 12
-    OP_FIXED = 13
+include "_avroops.pxi"  # the OP_* codes, shared with the other block module
 
 
 class Unencodable(ValueError):

@@ -21,8 +21,14 @@ import pytest
 from bench.workload import WorkloadConfig, messages
 from rlpulse.schemas import codec as codec_module
 from rlpulse.schemas.codec import Codec
+from tests.conftest import unavailable
 
-pytestmark = pytest.mark.skipif(codec_module.compile_encoder is None, reason="the compiled encoder is not built")
+
+
+@pytest.fixture(autouse=True)
+def _built() -> None:
+    if codec_module.compile_encoder is None:
+        unavailable("the C extension rlpulse.schemas._blockencode is not built (pip install -e . builds it)")
 
 CODEC = Codec()
 RECORDS = sorted(name for name in CODEC._readers)  # noqa: SLF001 - every local record type
