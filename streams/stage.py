@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-
-import orjson
 from typing import Any, Protocol
 from collections.abc import MutableMapping
+
+import orjson
 
 from rlpulse.schemas.catalogue import ALERTS_TOPIC, engine_key, run_key
 from rlpulse.schemas.settings import AlertThresholds
