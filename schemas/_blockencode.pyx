@@ -163,8 +163,8 @@ cdef bint matches(ENode n, object datum) except -1:
         return isinstance(datum, (bytes, bytearray))
     if op == OP_ENUM:
         return isinstance(datum, str) and datum in n.symbols
-    if op == OP_FIXED:
-        return isinstance(datum, bytes) and len(datum) == n.size
+    if op == OP_FIXED:  # fastavro's compiled validator takes a bytearray too
+        return isinstance(datum, (bytes, bytearray)) and len(datum) == n.size
     raise Unencodable("union branch")
 
 
@@ -265,9 +265,10 @@ cdef int write(ENode n, object datum, Buf b) except -1:
         b.put_long(len(raw))
         return b.put(<const char*>raw, len(raw))
     if op == OP_FIXED:
-        if not isinstance(datum, bytes) or len(datum) != n.size:
+        if not isinstance(datum, (bytes, bytearray)) or len(datum) != n.size:
             raise Unencodable("not fixed bytes of the size")
-        return b.put(<const char*>(<bytes>datum), n.size)
+        raw = bytes(datum)
+        return b.put(<const char*>raw, n.size)
     if op == OP_FLOAT:
         if not (isinstance(datum, float) or is_integer(datum)):
             raise Unencodable("not a number")

@@ -130,34 +130,36 @@ class RunProcessor:
         attempt: Any = None
         writer: Any = None
         stream, last, latest = "", 0, None
-        for r in records:
-            if r["attempt"] != attempt or r.get("writer_id", "") != writer:
-                self._settle(marks, progress, stream, last, latest, now_ns)
-                attempt, writer = r["attempt"], r.get("writer_id", "")
-                stream = f"{topic}|{attempt}|{writer}"
-                last, latest = marks.get(stream, 0), None
-            seq = r.get("sequence_id") or 0
-            if seq > 0:
-                if seq <= last:
-                    self.duplicates += 1
-                    continue
-                if last and seq > last + 1:
-                    self._gap(run, stream, last, seq)
-                last = seq
-            t = r["time_ns"]
-            if latest is None or t > latest:
-                latest = t
-            if topic == SPANS_TOPIC:
-                kind = r["kind"]
-                if kind == "GRADER" and r.get("term") is not None:
-                    self._grader(run, r)
-                elif kind == "ROLLOUT" and r.get("step") is not None and r.get("reward") is not None:
-                    self._rollout(run, r)
-                elif kind == "CHECKPOINT":
-                    out += [self._alert(run, a) for a in checkpoint_rule(AlertBook(run.alerts), r, now_ns)]
-            else:
-                out += self._step_event(run, r, now_ns)
-        self._settle(marks, progress, stream, last, latest, now_ns)
+        try:
+            for r in records:
+                if r["attempt"] != attempt or r.get("writer_id", "") != writer:
+                    self._settle(marks, progress, stream, last, latest, now_ns)
+                    attempt, writer = r["attempt"], r.get("writer_id", "")
+                    stream = f"{topic}|{attempt}|{writer}"
+                    last, latest = marks.get(stream, 0), None
+                seq = r.get("sequence_id") or 0
+                if seq > 0:
+                    if seq <= last:
+                        self.duplicates += 1
+                        continue
+                    if last and seq > last + 1:
+                        self._gap(run, stream, last, seq)
+                    last = seq
+                t = r["time_ns"]
+                if latest is None or t > latest:
+                    latest = t
+                if topic == SPANS_TOPIC:
+                    kind = r["kind"]
+                    if kind == "GRADER" and r.get("term") is not None:
+                        self._grader(run, r)
+                    elif kind == "ROLLOUT" and r.get("step") is not None and r.get("reward") is not None:
+                        self._rollout(run, r)
+                    elif kind == "CHECKPOINT":
+                        out += [self._alert(run, a) for a in checkpoint_rule(AlertBook(run.alerts), r, now_ns)]
+                else:
+                    out += self._step_event(run, r, now_ns)
+        finally:  # also when a record raised: the marks of those applied before it stay, as they did per record
+            self._settle(marks, progress, stream, last, latest, now_ns)
         self.applied += len(records)
         run.seen_ns = now_ns
         out += self._close(run, now_ns, idle=False)
@@ -166,11 +168,11 @@ class RunProcessor:
     @staticmethod
     def _settle(marks: dict[str, int], progress: dict[str, list[int]], stream: str, last: int, latest: int | None,
                 now_ns: int) -> None:
-        """A stream's sequence mark and progress, from on_records' locals (``latest`` None: no new record)."""
-        if latest is None:
-            return
+        """A stream's sequence mark and progress, from on_records' locals (``latest`` None: no time seen)."""
         if last:
             marks[stream] = last
+        if latest is None:
+            return
         mark = progress.get(stream)
         if mark is None:
             progress[stream] = [latest, now_ns]

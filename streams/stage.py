@@ -48,6 +48,8 @@ class RunStage:
         self.table = table
         # key -> (the value last written, the live Run it came from): no rebuild while they agree
         self._cache: dict[str, tuple[Any, Run]] = {}
+        # key -> (a value this worker did not write, the partition it names): see on_tick
+        self._partitions: dict[str, tuple[Any, int]] = {}
 
     def _load(self, key: str, project: str, run_id: str, partition: int, value: Any = None) -> Run:
         value = self.table.get(key) if value is None else value
@@ -107,11 +109,25 @@ class RunStage:
             if not value:
                 continue
             cached = self._cache.get(key)
-            if cached is None or cached[0] is not value:  # restored from the changelog: read once, then cached
-                cached = self._cache[key] = (value, Run.from_dict(load_state(value)))
-            run = cached[1]
-            if run.partition != partition:
-                continue
+            if cached is not None and cached[0] is value:
+                run = cached[1]
+                if run.partition != partition:
+                    continue
+            else:
+                # Restored from the changelog, or a standby copy another worker keeps writing:
+                # read once per value for its partition, and a Run only for this partition's.
+                seen = self._partitions.get(key)
+                if seen is None or seen[0] is not value:
+                    state = load_state(value)
+                    seen = self._partitions[key] = (value, state["partition"])
+                    if seen[1] == partition:
+                        self._cache[key] = (value, Run.from_dict(state))
+                if seen[1] != partition:
+                    continue
+                cached = self._cache.get(key)
+                if cached is None or cached[0] is not value:
+                    cached = self._cache[key] = (value, Run.from_dict(load_state(value)))
+                run = cached[1]
             outputs, changed = self.processor.on_tick(run, now_ns)
             out += outputs
             if self.processor.expired(run, now_ns):
@@ -119,6 +135,10 @@ class RunStage:
                 self._cache.pop(key, None)
             elif changed:
                 self._store(key, run)
+        if len(self._cache) + len(self._partitions) > 2 * len(self.table) + 64:
+            # keys deleted by another worker's tombstones, or partitions that moved away
+            self._cache = {k: v for k, v in self._cache.items() if k in self.table}
+            self._partitions = {k: v for k, v in self._partitions.items() if k in self.table}
         return out
 
 

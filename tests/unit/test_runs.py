@@ -439,3 +439,20 @@ def test_poison_messages_between_good_ones_are_skipped_logged_and_change_no_figu
     for (_, _, reason), line in zip(poison, [w for w in warnings if "undecodable" in w]):
         assert reason in line
     assert any("reward nan is not finite" in w for w in warnings)
+
+
+def test_after_a_restore_each_partitions_tick_works_on_that_partitions_runs_only():
+    """Restored state is bytes no Run was built from yet: a tick reads each value's partition and
+    leaves the others' runs (another partition's, or a standby copy) as they are."""
+    h = Harness(partitions=2)
+    for partition, job in enumerate((Job("ra"), Job("rb"))):
+        h.feed("steps", [job.step(0, "RUN_START")], partition=partition)
+        h.feed("spans", [job.grader(1.0)], partition=partition)
+        h.feed("steps", [job.step(2.0, "RUN_END")], partition=partition)
+    h.crash()
+    later = h.now_ns + 48 * 3600 * NS  # every window emitted and retired, both runs long over
+    closed = h.stage.on_tick(0, later)
+    assert sorted(h.table) == ["p/rb"]  # the run of partition 0 expired; partition 1's is untouched
+    assert {o.record["run_id"] for o in closed} == {"ra"}
+    assert {o.record["run_id"] for o in h.stage.on_tick(1, later)} == {"rb"}
+    assert h.table == {}
