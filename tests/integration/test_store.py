@@ -21,12 +21,17 @@ def test_migrations_apply_once_and_record_themselves(tmp_path: Path) -> None:
         assert migrate(store) == ["001_init", "002_step_figures", "003_grader_windows", "004_writer_ids_and_grader_failures",
                                   "005_placements_by_gpu", "006_trainers", "007_engine_capacity", "008_traces",
                                   "009_checkpoints", "010_content_bounds",
-                                  "011_content_sdk_cut"]
+                                  "011_content_sdk_cut", "012_merge_settings"]
         assert migrate(store) == []
         tables = {r[0] for r in store.client.query("SHOW TABLES FROM rlpulse").result_rows}
+        engines = dict(store.client.query("SELECT name, engine_full FROM system.tables WHERE database = 'rlpulse' "
+                                          "AND engine LIKE '%MergeTree'").result_rows)
     assert {"spans", "steps", "gpu_samples", "placements", "grader_failures", "alerts", "step_stats",
             "reward_histograms", "completion_length_histograms", "schema_migrations", "engine_samples", "capacity",
             "step_metrics"} <= tables
+    # 012: every table of rows merges about 20 parts of a size at once (fewer merges while a backlog drains)
+    assert sorted(name for name, full in engines.items() if "merge_selector_base = 20" in full) == sorted(
+        set(engines) - {"schema_migrations"})
 
 
 def test_004_adds_writer_ids_and_folds_grader_failures_per_source_partition_into_one_row(tmp_path: Path) -> None:
