@@ -30,6 +30,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from rlpulse import cluster, services
+from rlpulse.kafka_jvm import ServicesError
 from rlpulse.pipeline import rewind
 from rlpulse.schemas.settings import Settings
 from rlpulse.schemas.catalogue import SINK_TOPICS
@@ -260,11 +261,23 @@ def own_cluster(tmp_path: Path) -> Iterator[OwnCluster]:
     stopped at the end. The settings' bootstrap names all three."""
     if shutil.which("java") is None or shutil.which("mvn") is None:
         pytest.skip("a Kafka cluster of the test's own needs java and mvn")
-    base = _free_port_run(6)
-    own = OwnCluster(dataclasses.replace(Settings.load(), kafka_bootstrap=cluster.bootstrap("127.0.0.1", base, 3),
-                                         home=tmp_path / "cluster"))
+    for attempt in (1, 2):
+        base = _free_port_run(6)
+        own = OwnCluster(dataclasses.replace(Settings.load(), kafka_bootstrap=cluster.bootstrap("127.0.0.1", base, 3),
+                                             home=tmp_path / ("cluster" if attempt == 1 else "cluster-2")))
+        try:
+            own.up()
+            break
+        except ServicesError as exc:
+            own.down()
+            if attempt == 2:
+                raise
+            # Once in a fresh-clone CI run two nodes got a SIGTERM from outside 2 s after they
+            # started (sender not found; their logs under tmp_path/cluster say so): form the
+            # cluster once more on other ports, and say why. A second failure is the test's error.
+            warnings.warn(f"own_cluster: forming the cluster failed, formed another: {str(exc).splitlines()[0]}",
+                          stacklevel=1)
     try:
-        own.up()
         yield own
     finally:
         own.down()
