@@ -5,6 +5,7 @@ WORKDIR /src
 # Only what the package is built from: the checkout's .venv and .rlpulse stay out of the image.
 COPY pyproject.toml README.m[d] ./
 COPY rlpulse ./rlpulse
+COPY base ./base
 COPY schemas ./schemas
 COPY producers ./producers
 COPY streams ./streams

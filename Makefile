@@ -2,7 +2,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 # Everything the local services and the chDB store write lives in .rlpulse/ in the checkout (git
-# ignores it): rlpulse run from a checkout picks that home itself (rlpulse.schemas.files), so `make` and
+# ignores it): rlpulse run from a checkout picks that home itself (rlpulse.base.files), so `make` and
 # a bare `.venv/bin/rlpulse` share one broker and one store. RLPULSE_HOME overrides it for both.
 
 .PHONY: demo lint test test-all test-containers test-scale bench soak services-up services-down browser tools
@@ -35,7 +35,8 @@ tools: browser
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; } || \
 		echo "tmux is not installed (needs root and apt): the tests of the live watch view will be skipped"
 
-# ruff over the repository; mypy over the installed packages. mypy cannot follow the editable
+# ruff over the repository; mypy over the installed packages; then the import-layer check (tests/layers.py:
+# no room imports a room above or beside it, no circles). mypy cannot follow the editable
 # install's import hook (rlpulse.producers lives in producers/), so it reads a tree of links
 # laid out as installed, in .cache/ (git ignores it).
 MYPY_TREE := .cache/mypy-tree
@@ -43,9 +44,10 @@ lint: $(VENV)/.installed
 	@test -x $(BIN)/ruff -a -x $(BIN)/mypy || $(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/ruff check .
 	@rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/rlpulse && \
-		for p in schemas producers streams sinks; do ln -s ../../../$$p $(MYPY_TREE)/rlpulse/$$p; done && \
+		for p in base schemas producers streams sinks; do ln -s ../../../$$p $(MYPY_TREE)/rlpulse/$$p; done && \
 		for f in rlpulse/*.py; do ln -s ../../../$$f $(MYPY_TREE)/rlpulse/; done
 	cd $(MYPY_TREE) && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p rlpulse
+	$(BIN)/python -m tests.layers
 
 # PYTEST_ARGS: more pytest options, e.g. make test PYTEST_ARGS="-x -k pipeline".
 PYTEST := $(BIN)/python -m pytest -v -rs --durations=5
@@ -71,7 +73,7 @@ test-containers: $(VENV)/.installed
 # sinks in one group), printing the partitions each worker held and the recovery times measured.
 # Each takes 2-3 minutes: `make test-all` runs them, `make test` does not.
 test-scale: services-up
-	$(BIN)/python -m pytest -v -rs -s tests/integration/test_scale_workers.py tests/integration/test_scale_sinks.py
+	$(BIN)/python -m pytest -v -rs -s tests/integration/rlpulse/test_scale_workers.py tests/integration/rlpulse/test_scale_sinks.py
 
 # BENCH_ARGS: options of bench/run.py, e.g. make bench BENCH_ARGS=--quick. py-spy (for the
 # profiles) is installed into the venv here; without it the bench runs and says so.

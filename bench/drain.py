@@ -27,7 +27,7 @@ from bench.stats import weighted_percentile
 from bench.workload import LiveRuns, Message
 from rlpulse.pipeline import Pipeline
 from rlpulse.progress import Ticker
-from rlpulse.schemas.settings import Settings
+from rlpulse.base.settings import Settings
 from rlpulse.schemas.catalogue import DERIVED_TOPICS, RAW_TOPICS, SINK_TOPICS
 from rlpulse.schemas.codec import Codec
 

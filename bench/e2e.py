@@ -35,8 +35,8 @@ from bench.workload import LiveRuns, Message, Truth, WorkloadConfig, messages
 from rlpulse import services
 from rlpulse.pipeline import Pipeline
 from rlpulse.progress import Ticker
-from rlpulse.schemas import env as envvars
-from rlpulse.schemas.settings import Settings
+from rlpulse.base import env as envvars
+from rlpulse.base.settings import Settings
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.topics import ensure_topics
 
@@ -152,7 +152,7 @@ def clean_up(settings: Settings, tmp: Path, progress: Progress) -> None:
 def check_exact(settings: Settings, truth: Truth, project: str) -> dict[str, Any]:
     """ClickHouse's figures against the truth: failures by cause per run, rollouts and clipped per step,
     raw rows. The latest emission of each window or step wins, as FINAL would merge them."""
-    from rlpulse.sinks.clickhouse import open_store
+    from rlpulse.sinks.store.clickhouse import open_store
 
     with open_store(settings.clickhouse_dsn, owner="rlpulse bench") as store:
         db, q = store.database, store.client.query

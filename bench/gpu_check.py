@@ -17,11 +17,11 @@ import time
 
 import pynvml
 
-from rlpulse.producers.gpu_poller import GpuPoller, Placement
-from rlpulse.producers.memory import InMemoryTransport
-from rlpulse.producers.sender import Sender
+from rlpulse.producers.pollers.gpu_poller import GpuPoller, Placement
+from rlpulse.producers.sdk.memory import InMemoryTransport
+from rlpulse.producers.sdk.sender import Sender
 from rlpulse.schemas.codec import Codec
-from rlpulse.schemas.settings import Settings
+from rlpulse.base.settings import Settings
 
 
 def main(seconds: float) -> int:

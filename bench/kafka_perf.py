@@ -21,8 +21,8 @@ from collections.abc import Iterator
 
 from bench.stats import median
 from rlpulse import services
-from rlpulse.schemas import env as envvars
-from rlpulse.schemas.settings import Settings
+from rlpulse.base import env as envvars
+from rlpulse.base.settings import Settings
 
 JVM_OPTS = ["-Xmx512m", "-Xms128m", "-Djava.awt.headless=true"]
 # The jars ship only slf4j-reload4j as a backend: without a config log4j prints a warning per

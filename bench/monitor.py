@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from rlpulse.schemas.settings import Settings
+from rlpulse.base.settings import Settings
 from rlpulse.schemas.topics import topics_partitions
 
 

@@ -35,14 +35,14 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from bench.e2e import delete_topics
 from bench.sink import span_records
-from rlpulse.schemas.env import BENCH_READ_PASSWORD
-from rlpulse.schemas.settings import Settings
+from rlpulse.base.env import BENCH_READ_PASSWORD
+from rlpulse.base.settings import Settings
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.topics import ensure_topics
-from rlpulse.sinks.checkpoint import Policy
-from rlpulse.sinks.clickhouse import migrate, open_store
-from rlpulse.sinks.read_endpoint import serve_reads
-from rlpulse.sinks.sink import ClickHouseSink
+from rlpulse.sinks.write.checkpoint import Policy
+from rlpulse.sinks.store.clickhouse import migrate, open_store
+from rlpulse.sinks.read.read_endpoint import serve_reads
+from rlpulse.sinks.write.sink import ClickHouseSink
 
 HEAVY = (
     "SELECT count() FROM numbers(1000000000000) WHERE sipHash64(number) % 7 = 1",  # CPU until max_execution_time

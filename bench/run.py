@@ -28,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# The home is the checkout's .rlpulse (rlpulse.schemas.files picks it for a checkout's rlpulse): the
+# The home is the checkout's .rlpulse (rlpulse.base.files picks it for a checkout's rlpulse): the
 # broker `make services-up` started.
 
 from bench.compare import compare, load_baseline, table  # noqa: E402
@@ -39,7 +39,7 @@ from bench.stats import ratio  # noqa: E402
 from bench.workload import WorkloadConfig  # noqa: E402
 from rlpulse import services  # noqa: E402
 from rlpulse.progress import Ticker  # noqa: E402
-from rlpulse.schemas.settings import Settings  # noqa: E402
+from rlpulse.base.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 BASELINE = RESULTS / "baseline.json"  # committed: every run is compared with it (bench/compare.py)

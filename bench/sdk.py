@@ -27,8 +27,8 @@ if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlpulse.producers import TrainingTelemetry  # noqa: E402
-from rlpulse.producers.sender import SenderConfig  # noqa: E402
-from rlpulse.schemas.settings import Settings  # noqa: E402
+from rlpulse.producers.sdk.sender import SenderConfig  # noqa: E402
+from rlpulse.base.settings import Settings  # noqa: E402
 
 CALLS = 20_000
 REPETITIONS = 5
@@ -106,7 +106,7 @@ def measure_sdk_call(calls: int = CALLS, repetitions: int = REPETITIONS) -> dict
 def measure_sdk_call_broker_down(calls: int = 2000, buffer_bytes: int = 40_000) -> dict[str, Any]:
     """Median, p99 and slowest ns of a ``grader()`` call while no broker answers, the sender
     running and failing to connect, and the byte-bounded buffer filling then dropping (moved
-    here from tests/integration/test_sdk_broker_down.py, which checks the drops and the delivery).
+    here from tests/integration/producers/sdk/test_sdk_broker_down.py, which checks the drops and the delivery).
 
     The rare slower call waits for the GIL while the sender thread handles the refused
     connection (Python's switch interval is 5 ms); the call itself never touches the network.

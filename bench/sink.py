@@ -26,12 +26,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from rlpulse.schemas.settings import Settings
+from rlpulse.base.settings import Settings
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.topics import ensure_topics
-from rlpulse.sinks.checkpoint import Policy
-from rlpulse.sinks.clickhouse import migrate, open_store
-from rlpulse.sinks.sink import drain
+from rlpulse.sinks.write.checkpoint import Policy
+from rlpulse.sinks.store.clickhouse import migrate, open_store
+from rlpulse.sinks.write.sink import drain
 
 
 def span_records(run: int, first_seq: int, count: int, now_ns: int) -> list[dict[str, Any]]:

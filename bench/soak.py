@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# The home is the checkout's .rlpulse (rlpulse.schemas.files picks it for a checkout's rlpulse): the
+# The home is the checkout's .rlpulse (rlpulse.base.files picks it for a checkout's rlpulse): the
 # broker `make services-up` started.
 
 from aiokafka import AIOKafkaProducer, TopicPartition  # noqa: E402
@@ -46,7 +46,7 @@ from bench.workload import LiveRuns, Message, Truth, WorkloadConfig  # noqa: E40
 from rlpulse import services  # noqa: E402
 from rlpulse.pipeline import Pipeline, wait_groups_ready  # noqa: E402
 from rlpulse.progress import Ticker  # noqa: E402
-from rlpulse.schemas.settings import Settings  # noqa: E402
+from rlpulse.base.settings import Settings  # noqa: E402
 from rlpulse.schemas.catalogue import SINK_TOPICS  # noqa: E402
 from rlpulse.schemas.codec import Codec  # noqa: E402
 from rlpulse.schemas.topics import ensure_topics  # noqa: E402

@@ -25,9 +25,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from rlpulse.schemas.settings import Settings
-from rlpulse.sinks.clickhouse import Store, migrate, open_reader, open_store
-from rlpulse.sinks.ui_server import UiServer
+from rlpulse.base.settings import Settings
+from rlpulse.sinks.store.clickhouse import Store, migrate, open_reader, open_store
+from rlpulse.sinks.views.ui_server import UiServer
 
 PROJECT, RUN = "bench", "ui-bench"
 STEPS, ROLLOUTS, PER_SAMPLE = 1000, 512, 8

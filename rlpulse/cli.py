@@ -8,8 +8,8 @@ import os
 import sys
 
 from rlpulse import commands
-from rlpulse.schemas import env as envvars
-from rlpulse.schemas.terminal import TerminalSafeFormatter, terminal_safe_lines
+from rlpulse.base import env as envvars
+from rlpulse.base.terminal import TerminalSafeFormatter, terminal_safe_lines
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("query", help="run a read-only SQL query, or a saved one (--saved NAME, --list)")
     p.add_argument("sql", nargs="?", help="SQL; {name:Type} placeholders take --param values")
-    p.add_argument("--saved", metavar="NAME", help="run the saved query NAME (sinks/queries/NAME.sql)")
+    p.add_argument("--saved", metavar="NAME", help="run the saved query NAME (sinks/read/queries/NAME.sql)")
     p.add_argument("--list", action="store_true", help="list the saved queries")
     p.add_argument(
         "--param",
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Whatever this process and its children create (the chDB store's files, which chDB makes
     # itself; the broker's data; logs; an HTML page of a run) is readable by its owner only.
-    from rlpulse.schemas.files import PRIVATE_UMASK
+    from rlpulse.base.files import PRIVATE_UMASK
 
     os.umask(PRIVATE_UMASK)
     # Log lines quote hostile values (an alert's key in the webhook's lines, a decoder's reason for
@@ -384,7 +384,7 @@ def _known_failure(exc: Exception, args: argparse.Namespace) -> str | None:
             "start the local one with `rlpulse services up`"
         )
     if kind.startswith(("clickhouse_connect", "chdb")):
-        from rlpulse.sinks.queries import one_line
+        from rlpulse.sinks.read.queries import one_line
 
         return f"ClickHouse failed: {one_line(exc, limit=300)}"
     if isinstance(exc, (RuntimeError, ConnectionError, TimeoutError)) or (

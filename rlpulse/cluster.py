@@ -25,8 +25,8 @@ from pathlib import Path
 from rlpulse import kafka_jvm
 from rlpulse.kafka_jvm import ServicesError, say as _say
 from rlpulse.progress import Ticker
-from rlpulse.schemas import env as envvars
-from rlpulse.schemas.settings import Settings
+from rlpulse.base import env as envvars
+from rlpulse.base.settings import Settings
 
 START_TIMEOUT = 120.0  # several JVMs starting at once on a small machine, then electing a controller
 

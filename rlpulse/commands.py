@@ -11,8 +11,8 @@ import logging
 import os
 import sys
 
-from rlpulse.schemas import env as envvars
-from rlpulse.schemas.settings import Settings
+from rlpulse.base import env as envvars
+from rlpulse.base.settings import Settings
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -39,9 +39,9 @@ def cmd_sink(args: argparse.Namespace) -> int:
     import asyncio
 
     from rlpulse.schemas.topics import ensure_topics
-    from rlpulse.sinks.clickhouse import migrate, open_store
-    from rlpulse.sinks.read_endpoint import serve_reads
-    from rlpulse.sinks.sink import serve
+    from rlpulse.sinks.store.clickhouse import migrate, open_store
+    from rlpulse.sinks.read.read_endpoint import serve_reads
+    from rlpulse.sinks.write.sink import serve
 
     settings = settings_of(args)
     ensure_topics(settings)
@@ -53,12 +53,12 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from rlpulse.sinks.clickhouse import migrate, open_store
+    from rlpulse.sinks.store.clickhouse import migrate, open_store
 
     settings = settings_of(args)
     cluster = settings.clickhouse_cluster
     if args.kafka_engine:
-        from rlpulse.sinks.kafka_engine import refuse_chdb
+        from rlpulse.sinks.store.kafka_engine import refuse_chdb
 
         refuse_chdb(settings.clickhouse_dsn)
     with open_store(settings.clickhouse_dsn, owner="rlpulse migrate") as store:
@@ -66,8 +66,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         where = f"database {store.database}" + (f" on cluster {cluster}" if cluster else "")
         print(f"{store.url}: {where}: " + (f"applied {', '.join(applied)}" if applied else "up to date"))
         if args.kafka_engine:
-            from rlpulse.sinks import kafka_engine
-            from rlpulse.sinks.clickhouse import table_columns
+            from rlpulse.sinks.store import kafka_engine
+            from rlpulse.sinks.store.clickhouse import table_columns
 
             engine = kafka_engine.KafkaEngine(args.kafka_engine_brokers or settings.kafka_bootstrap, settings.topic_prefix,
                                               args.kafka_engine_consumers)
@@ -81,8 +81,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from rlpulse.sinks import queries
-    from rlpulse.sinks.clickhouse import open_reader
+    from rlpulse.sinks.read import queries
+    from rlpulse.sinks.store.clickhouse import open_reader
 
     if args.list:
         if args.sql or args.saved:
@@ -110,7 +110,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             return 1
         except queries.QueryError as exc:
             if exc.code == "UNKNOWN_DATABASE":
-                from rlpulse.sinks.clickhouse import require_database
+                from rlpulse.sinks.store.clickhouse import require_database
 
                 require_database(store)  # an empty store: say so, and what fills it
             print(f"rlpulse query: ClickHouse refused the query: {exc}", file=sys.stderr)
@@ -126,7 +126,7 @@ def _say(line: str) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     import json
 
-    from rlpulse.producers.simulator import SimConfig, simulate
+    from rlpulse.producers.simulators.simulator import SimConfig, simulate
     from rlpulse.schemas.topics import ensure_topics
 
     settings = settings_of(args)
@@ -185,8 +185,8 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     import asyncio
 
     from rlpulse.schemas.catalogue import DLQ_TOPIC
-    from rlpulse.sinks.dlq import LEDGER_TOPIC, read_dead_letters, replay_dead_letters
-    from rlpulse.sinks.report import print_table
+    from rlpulse.sinks.write.dlq import LEDGER_TOPIC, read_dead_letters, replay_dead_letters
+    from rlpulse.base.terminal import print_table
 
     settings = settings_of(args)
     if args.action == "replay":
@@ -209,9 +209,9 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 def cmd_alerts(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rlpulse.sinks.alert_feed import serve_alerts
+    from rlpulse.sinks.alerts.alert_feed import serve_alerts
 
-    from rlpulse.schemas.settings import parse_duration
+    from rlpulse.base.settings import parse_duration
 
     settings = settings_of(args)
     # The URL carries its token (Slack, Teams): from the environment it stays out of `ps`.
@@ -222,8 +222,8 @@ def cmd_alerts(args: argparse.Namespace) -> int:
 
 
 def cmd_gpu_poller(args: argparse.Namespace) -> int:
-    from rlpulse.producers.gpu_poller import main as poll
-    from rlpulse.schemas.settings import parse_duration
+    from rlpulse.producers.pollers.gpu_poller import main as poll
+    from rlpulse.base.settings import parse_duration
 
     indices = [int(i) for i in args.gpus.split(",")] if args.gpus else None
     return poll(settings_of(args), indices=indices, sample_interval=parse_duration(args.sample_interval),
@@ -232,8 +232,8 @@ def cmd_gpu_poller(args: argparse.Namespace) -> int:
 
 
 def cmd_engine_poller(args: argparse.Namespace) -> int:
-    from rlpulse.producers.engine_poller import main as poll
-    from rlpulse.schemas.settings import parse_duration
+    from rlpulse.producers.pollers.engine_poller import main as poll
+    from rlpulse.base.settings import parse_duration
 
     return poll(settings_of(args), args.metrics_urls, run_id=args.run_id, attempt=args.attempt, project=args.project,
                 pod=args.pod, interval_s=parse_duration(args.interval), timeout_s=parse_duration(args.timeout),
@@ -241,8 +241,8 @@ def cmd_engine_poller(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from rlpulse.sinks.capacity import capacity_tables, render_capacity
-    from rlpulse.sinks.clickhouse import open_reader
+    from rlpulse.sinks.views.capacity import capacity_tables, render_capacity
+    from rlpulse.sinks.store.clickhouse import open_reader
 
     settings = settings_of(args)
     with open_reader(settings.clickhouse_dsn, owner="rlpulse capacity") as store:
@@ -252,7 +252,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_retention(args: argparse.Namespace) -> int:
-    from rlpulse.sinks.retention_report import change_retention, show_retention
+    from rlpulse.sinks.views.retention_report import change_retention, show_retention
 
     if args.action == "show":
         if args.table is not None or args.days is not None:
@@ -268,8 +268,8 @@ def cmd_retention(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rlpulse.sinks.clickhouse import open_reader
-    from rlpulse.sinks.report import print_report
+    from rlpulse.sinks.store.clickhouse import open_reader
+    from rlpulse.sinks.views.report import print_report
 
     if bool(args.html) != bool(args.run):
         raise ValueError("RUN and --html go together: rlpulse report RUN --html out.html")
@@ -282,7 +282,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     with open_reader(settings.clickhouse_dsn, owner="rlpulse report") as store:
         _require_rows(store, args.run if args.html else None, args.project)
         if args.html:
-            from rlpulse.sinks.html_report import write_report
+            from rlpulse.sinks.views.html_report import write_report
 
             out = write_report(store, args.run, args.html, attempt=args.attempt, step=args.step, sample=args.sample)
             print(f"wrote {out}")
@@ -293,11 +293,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _require_rows(store, run: str | None, project: str | None) -> None:
     """NoDataError, naming what there is instead, when the store is empty or has no rows of ``run``/``project``."""
-    from rlpulse.sinks.clickhouse import NoDataError, no_data, require_database
-    from rlpulse.sinks.html_report import latest_attempt
-    from rlpulse.sinks.report import has_rows, latest_names, stored_rows
+    from rlpulse.sinks.store.clickhouse import NoDataError, no_data, require_database
+    from rlpulse.sinks.views.html_report import latest_attempt
+    from rlpulse.sinks.views.report import has_rows, latest_names, stored_rows
 
-    from rlpulse.schemas.terminal import terminal_safe
+    from rlpulse.base.terminal import terminal_safe
 
     def latest(column: str) -> str:  # names anyone could have sent: a newline in one would forge a line
         return ", ".join(terminal_safe(name) for name in latest_names(store, column))
@@ -312,8 +312,8 @@ def _require_rows(store, run: str | None, project: str | None) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from rlpulse.sinks.clickhouse import open_reader, require_database
-    from rlpulse.sinks.export import Filters, export_to
+    from rlpulse.sinks.store.clickhouse import open_reader, require_database
+    from rlpulse.sinks.views.export import Filters, export_to
 
     filters = Filters(project=args.project, run_id=args.run_id, min_step=args.min_step, max_step=args.max_step,
                       sample_id=args.sample_id, min_reward=args.min_reward, status=args.status)
@@ -329,10 +329,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from rlpulse.sinks.clickhouse import open_reader
-    from rlpulse.sinks.watch import watch
+    from rlpulse.sinks.store.clickhouse import open_reader
+    from rlpulse.sinks.views.watch import watch
 
-    from rlpulse.schemas.settings import parse_duration
+    from rlpulse.base.settings import parse_duration
 
     interval = parse_duration(args.interval)
     if interval <= 0:
@@ -346,8 +346,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from rlpulse.sinks.clickhouse import mask_url, open_reader
-    from rlpulse.sinks.ui_server import UiServer
+    from rlpulse.sinks.store.clickhouse import mask_url, open_reader
+    from rlpulse.sinks.views.ui_server import UiServer
 
     if not args.verbose:  # a page that cannot read says why itself; the driver's retries would fill the terminal
         for name in ("urllib3", "clickhouse_connect"):

@@ -9,7 +9,7 @@ from typing import Any
 from rlpulse import services
 from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.progress import Ticker
-from rlpulse.schemas.settings import Settings
+from rlpulse.base.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 
 # Short windows so the demo's windows close (by wall clock) within seconds.
@@ -23,9 +23,9 @@ def _say(line: str) -> None:
 
 
 def run_demo(settings: Settings) -> int:
-    from rlpulse.producers.simulator import SimConfig, simulate
-    from rlpulse.sinks.clickhouse import open_store
-    from rlpulse.sinks.report import failures_by_cause, print_report
+    from rlpulse.producers.simulators.simulator import SimConfig, simulate
+    from rlpulse.sinks.store.clickhouse import open_store
+    from rlpulse.sinks.views.report import failures_by_cause, print_report
 
     settings = dataclasses.replace(settings, window=DEMO_WINDOW_S, allowed_lateness=DEMO_LATENESS_S,
                                    stall_after=DEMO_STALL_AFTER_S, silent_after=30.0, heartbeat_interval=1.0)
@@ -99,8 +99,8 @@ def _simulate_signals(settings: Settings, project: str) -> tuple[Any, int, int]:
     """Issue 20's signals from simulated data: a traced agent's run (LLM and tool calls, content on),
     a vLLM engine's samples (a sleep/wake cycle and a saturation episode) and two pools' capacity
     reported by two service instances."""
-    from rlpulse.producers.engine_sim import simulate_capacity, simulate_engine
-    from rlpulse.producers.tracing_sim import simulate_traced_agent
+    from rlpulse.producers.simulators.engine_sim import simulate_capacity, simulate_engine
+    from rlpulse.producers.simulators.tracing_sim import simulate_traced_agent
 
     traced = simulate_traced_agent(settings, project=project, run_id=f"{project}-agent")
     engines = len(simulate_engine(settings, project, f"{project}-run1"))
@@ -112,10 +112,10 @@ def _simulate_signals(settings: Settings, project: str) -> tuple[Any, int, int]:
 
 def _print_signals(settings: Settings, project: str, traced: Any, engines: int, capacity: int) -> bool:
     """The traced agent's span tree, the engine's figures and the capacity table, read from ClickHouse."""
-    from rlpulse.sinks.capacity import capacity_tables, render_capacity
-    from rlpulse.sinks.clickhouse import open_store
-    from rlpulse.sinks.queries import saved_sql
-    from rlpulse.sinks.report import print_table
+    from rlpulse.sinks.views.capacity import capacity_tables, render_capacity
+    from rlpulse.sinks.store.clickhouse import open_store
+    from rlpulse.sinks.read.queries import saved_sql
+    from rlpulse.base.terminal import print_table
 
     with open_store(settings.clickhouse_dsn, owner="rlpulse demo") as store:
         params = {"run_id": traced.run_id, "attempt": "1", "rollout_id": traced.example}

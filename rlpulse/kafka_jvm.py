@@ -6,7 +6,7 @@ module and on nothing of one another's, so none of them imports another.
 
 The home's Kafka folder (``$RLPULSE_HOME/kafka``) holds the jars (``libs``), the single broker's
 config, data, pid file and log, a cluster's ``node-k`` folders, and the address of the broker the
-home started (``rlpulse.schemas.settings.broker_address_file``), which ``Settings.load`` takes as
+home started (``rlpulse.base.settings.broker_address_file``), which ``Settings.load`` takes as
 the default bootstrap.
 """
 
@@ -26,8 +26,8 @@ import uuid
 from pathlib import Path
 
 from rlpulse.progress import Ticker
-from rlpulse.schemas.files import PRIVATE_UMASK, private_dir, private_file
-from rlpulse.schemas.settings import Settings, broker_address_file, recorded_bootstrap
+from rlpulse.base.files import PRIVATE_UMASK, private_dir, private_file
+from rlpulse.base.settings import Settings, broker_address_file, recorded_bootstrap
 
 KAFKA_VERSION = "3.9.1"
 POM = Path(__file__).parent / "kafka" / "pom.xml"

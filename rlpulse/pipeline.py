@@ -18,8 +18,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import KafkaError
 
-from rlpulse.schemas.files import PRIVATE_UMASK, private_dir, private_file
-from rlpulse.schemas.settings import Settings
+from rlpulse.base.files import PRIVATE_UMASK, private_dir, private_file
+from rlpulse.base.settings import Settings
 from rlpulse.schemas.topics import topics_partitions
 
 from rlpulse.schemas.catalogue import RAW_TOPICS, sink_topics
@@ -187,7 +187,7 @@ class Pipeline:
         windows are closed, which is known one of two ways:
 
         * ``until``: the condition the caller waits for, e.g. "the expected rows are in ClickHouse"
-          (read through ``rlpulse.sinks.clickhouse.open_reader`` while the sink holds a chDB store). It is
+          (read through ``rlpulse.sinks.store.clickhouse.open_reader`` while the sink holds a chDB store). It is
           asked once both groups are at lag 0 and must hold twice in a row, half a second apart.
         * Without it (``rlpulse demo``, which cannot know its rows in advance): the streams stay at
           lag 0 long enough that a run gone idle was closed by the wall clock (twice the allowed

@@ -2,7 +2,7 @@
 client certificate (mTLS), opened beside its PLAINTEXT listener by ``services.up(settings, tls)``.
 
 This is how the clients are tested against a broker that demands TLS and SASL
-(tests/integration/test_kafka_security.py; tests/kafka_tls.py makes the certificates with
+(tests/integration/rlpulse/test_kafka_security.py; tests/kafka_tls.py makes the certificates with
 openssl). The controller and the broker's own traffic stay on PLAINTEXT, so SCRAM users are
 created through that listener with Kafka's own ConfigCommand. This module stands on
 ``rlpulse.kafka_jvm`` only: ``services`` names :class:`TlsListeners` as a type, not the reverse.
@@ -17,13 +17,13 @@ import uuid
 from pathlib import Path
 
 from rlpulse import kafka_jvm
-from rlpulse.schemas.settings import Settings
+from rlpulse.base.settings import Settings
 
 
 @dataclasses.dataclass(frozen=True)
 class TlsListeners:
     """Secure listeners the local broker opens beside PLAINTEXT, to run the clients against a
-    broker that demands TLS and SASL (tests/integration/test_kafka_security.py makes the
+    broker that demands TLS and SASL (tests/integration/rlpulse/test_kafka_security.py makes the
     certificates). The controller and the broker's own traffic stay on PLAINTEXT.
 
     * ``sasl_ssl_port``: SASL_SSL with SCRAM-SHA-512; users come from :func:`add_scram_user`;

@@ -27,8 +27,8 @@ from rlpulse.kafka_jvm import (KAFKA_VERSION, LOCAL_HOSTS, POM, STOP_TIMEOUT, Se
                                private_kafka_dir, record_address, require_tools, say, stop, write_log4j,
                                write_private)
 from rlpulse.progress import Ticker
-from rlpulse.schemas import env as envvars
-from rlpulse.schemas.settings import Settings, recorded_bootstrap
+from rlpulse.base import env as envvars
+from rlpulse.base.settings import Settings, recorded_bootstrap
 
 if TYPE_CHECKING:  # only the type: secure_broker imports nothing of this module
     from rlpulse.secure_broker import TlsListeners
@@ -177,7 +177,7 @@ def _security_kwargs(settings: Settings) -> dict[str, object]:
 def _refused(settings: Settings, timeout: float) -> None:
     """ServicesError, naming what to fix and no secret, when the broker refuses our TLS or SASL
     settings: aiokafka's own clients would only retry, then say they could not bootstrap."""
-    from rlpulse.schemas.kafka_check import check_connection
+    from rlpulse.base.kafka_check import check_connection
 
     problem = check_connection(settings, timeout)
     if problem is not None and problem.refused:

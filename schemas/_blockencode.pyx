@@ -7,7 +7,7 @@ each field is written by its node. Only well-formed records take this path: anyt
 not handle exactly as fastavro does (a missing field without a default, an extra field, a value
 of another type, a union holding a record) raises :class:`Unencodable`, and ``schemas.codec``
 encodes the whole container with fastavro instead, so its bytes and its errors are fastavro's.
-``tests/unit/test_codec_encoder.py`` compares the two byte for byte.
+``tests/unit/schemas/test_codec_encoder.py`` compares the two byte for byte.
 """
 
 import sys

@@ -90,9 +90,9 @@ TABLES: dict[str, str] = {
 }
 
 # Each table's natural key: the columns of its ReplacingMergeTree ORDER BY as the migrations leave
-# it (sinks/migrations/*.sql, the latest one to set it), so the rows ClickHouse deduplicates. A key
+# it (sinks/store/migrations/*.sql, the latest one to set it), so the rows ClickHouse deduplicates. A key
 # part that is an expression of a column (placements: ifNull(hw_id, '')) is named by its column.
-# tests/unit/test_natural_keys.py checks these against the migrations.
+# tests/unit/schemas/test_natural_keys.py checks these against the migrations.
 NATURAL_KEYS: dict[str, tuple[str, ...]] = {
     "spans": ("project", "run_id", "attempt", "sequence_id", "span_id"),
     "steps": ("project", "run_id", "attempt", "time_ns", "type", "writer_id", "sequence_id"),

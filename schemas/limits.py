@@ -2,7 +2,7 @@
 
 Anyone who can reach a raw topic can write any bytes to it, so a container is checked against
 one :class:`Limits` by :func:`check_container` before anything is decoded: the sink before it
-buffers a message for ClickHouse (``rlpulse.sinks.message_checks``), the streams before they decode one
+buffers a message for ClickHouse (``rlpulse.sinks.write.message_checks``), the streams before they decode one
 (``rlpulse.streams.inputs``). The same numbers give the same outcome for the same message everywhere: a
 message over a bound is refused with a reason naming the bound (the sink dead-letters it, the
 streams count it, log it and leave it out of every figure).

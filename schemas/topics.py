@@ -18,8 +18,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 
-from rlpulse.schemas import env as envvars
-from rlpulse.schemas.settings import Settings
+from rlpulse.base import env as envvars
+from rlpulse.base.settings import Settings
 from rlpulse.schemas.catalogue import BY_SHORT, STREAM_TABLES, TOPICS
 
 log = logging.getLogger(__name__)

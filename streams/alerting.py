@@ -20,7 +20,7 @@ from typing import Any
 from collections.abc import MutableMapping
 
 from rlpulse.schemas.catalogue import engine_key
-from rlpulse.schemas.settings import AlertThresholds
+from rlpulse.base.settings import AlertThresholds
 
 NS = 1_000_000_000
 SLOWDOWN_BIT = 0x8  # NVML clocks event reason: hardware slowdown (seed 001, "GPU health")

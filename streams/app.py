@@ -29,8 +29,8 @@ import faust
 from faust.types import TP
 
 from rlpulse.schemas.catalogue import DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
-from rlpulse.schemas.files import private_dir
-from rlpulse.schemas.settings import Settings
+from rlpulse.base.files import private_dir
+from rlpulse.base.settings import Settings
 from rlpulse.streams.commits import DropFault, TopicPartition
 from rlpulse.streams.inputs import KafkaRanges
 from rlpulse.streams.runs import RunConfig, RunProcessor

@@ -95,7 +95,7 @@ class TickWatch:
 
 
 class DropFault:
-    """A fault injected on purpose for the tests: ``drop_first=N`` (``rlpulse.schemas.faults``) makes the consumer
+    """A fault injected on purpose for the tests: ``drop_first=N`` (``rlpulse.base.faults``) makes the consumer
     take the first N messages of each input partition as read without handing them to the agents.
     That is what faust-streaming 0.15.3 does now and then to a batch fetched while it restores its
     changelog (its drain loop records the offset although the flow was suspended and the message

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from rlpulse.schemas.catalogue import (ALERTS_TOPIC, GRADER_FAILURES_TOPIC, GRADER_WINDOWS_TOPIC, LENGTH_HISTOGRAMS_TOPIC,
                                        REWARD_HISTOGRAMS_TOPIC, SPANS_TOPIC, STEP_STATS_TOPIC)
-from rlpulse.schemas.settings import AlertThresholds
+from rlpulse.base.settings import AlertThresholds
 from rlpulse.streams.alerting import AlertBook, checkpoint_rule, forget_run, grader_failure_rate, step_rules
 from rlpulse.streams.figures import MAX_NAME, MAX_TERMS, NS, GraderWindow, StepFigures
 from rlpulse.streams.stall import StallDetector

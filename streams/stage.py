@@ -23,7 +23,7 @@ from collections.abc import MutableMapping
 import orjson
 
 from rlpulse.schemas.catalogue import ALERTS_TOPIC, engine_key, run_key
-from rlpulse.schemas.settings import AlertThresholds
+from rlpulse.base.settings import AlertThresholds
 from rlpulse.streams.alerting import AlertBook, engine_saturated, hardware, hardware_tick
 from rlpulse.streams.runs import Output, Run, RunProcessor, often
 

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from rlpulse.schemas.catalogue import (ALERTS_TOPIC, BY_SHORT, DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS,
                                        TICKS_TOPIC, topic_key)
 from rlpulse.schemas.codec import Codec, short_name
-from rlpulse.schemas.settings import AlertThresholds
+from rlpulse.base.settings import AlertThresholds
 from rlpulse.streams.commits import TopicPartition
 from rlpulse.streams.runs import Output, RunConfig, RunProcessor
 from rlpulse.streams.stage import HardwareStage, RunStage

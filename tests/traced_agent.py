@@ -95,9 +95,9 @@ class AsyncAgent(Agent):
 def load_spans(store: Any, containers: list[bytes]) -> None:
     """Insert Span containers (an InMemoryTransport's messages) with the sink's own INSERT plan and inserter."""
     from rlpulse.schemas.codec import read_header
-    from rlpulse.sinks.avro_sql import Plans
-    from rlpulse.sinks.clickhouse import table_columns
-    from rlpulse.sinks.inserter import inserter_for
+    from rlpulse.sinks.store.avro_sql import Plans
+    from rlpulse.sinks.store.clickhouse import table_columns
+    from rlpulse.sinks.write.inserter import inserter_for
 
     plans, inserter = Plans(table_columns(store)), inserter_for(store)
     try:

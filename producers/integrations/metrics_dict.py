@@ -31,8 +31,8 @@ from types import ModuleType
 from typing import Any
 from collections.abc import Callable, Mapping, Sequence
 
-from rlpulse.producers import events as v
-from rlpulse.producers.telemetry import TrainingTelemetry
+from rlpulse.producers.sdk import events as v
+from rlpulse.producers.sdk.telemetry import TrainingTelemetry
 
 log = logging.getLogger(__name__)
 

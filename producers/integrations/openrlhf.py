@@ -39,8 +39,8 @@ from typing import Any
 from collections.abc import Mapping
 
 from rlpulse.producers.integrations.metrics_dict import MetricsPublisher, patch_on_import, telemetry_for
-from rlpulse.producers.process import run_status
-from rlpulse.producers.telemetry import TrainingTelemetry
+from rlpulse.producers.sdk.process import run_status
+from rlpulse.producers.sdk.telemetry import TrainingTelemetry
 
 log = logging.getLogger(__name__)
 

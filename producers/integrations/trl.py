@@ -66,10 +66,10 @@ import time
 from typing import Any
 from collections.abc import Callable, Mapping
 
-from rlpulse.producers import events as v
-from rlpulse.producers.batch import RolloutBatch
-from rlpulse.producers.process import run_status
-from rlpulse.producers.telemetry import TrainingTelemetry
+from rlpulse.producers.sdk import events as v
+from rlpulse.producers.sdk.batch import RolloutBatch
+from rlpulse.producers.sdk.process import run_status
+from rlpulse.producers.sdk.telemetry import TrainingTelemetry
 from rlpulse.schemas.enums import FAILURE_CAUSES
 
 log = logging.getLogger(__name__)

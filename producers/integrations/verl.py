@@ -38,7 +38,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from rlpulse.producers.integrations.metrics_dict import MetricsPublisher, patch_on_import, telemetry_for
-from rlpulse.producers.telemetry import TrainingTelemetry
+from rlpulse.producers.sdk.telemetry import TrainingTelemetry
 
 log = logging.getLogger(__name__)
 

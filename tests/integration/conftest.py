@@ -32,7 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from rlpulse import cluster, services
 from rlpulse.kafka_jvm import ServicesError
 from rlpulse.pipeline import rewind
-from rlpulse.schemas.settings import Settings
+from rlpulse.base.settings import Settings
 from rlpulse.schemas.catalogue import SINK_TOPICS
 from tests.conftest import backends
 

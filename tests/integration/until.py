@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Callable
 
-from rlpulse.schemas.settings import Settings
-from rlpulse.sinks.clickhouse import StoreBusyError, open_reader
+from rlpulse.base.settings import Settings
+from rlpulse.sinks.store.clickhouse import StoreBusyError, open_reader
 
 
 def query(settings: Settings, sql: str) -> list[tuple] | None:

@@ -23,10 +23,10 @@ from collections.abc import Callable
 
 from rlpulse.producers import TrainingTelemetry
 from rlpulse.pipeline import Pipeline, offsets
-from rlpulse.schemas.settings import Settings
+from rlpulse.base.settings import Settings
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.topics import read_topic
-from rlpulse.sinks.clickhouse import open_store
+from rlpulse.sinks.store.clickhouse import open_store
 from rlpulse.streams.alerting import AlertBook, grader_failure_rate, step_rules
 from rlpulse.streams.histograms import RewardHistogram
 from tests.integration import until

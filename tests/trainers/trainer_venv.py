@@ -29,7 +29,7 @@ VENV = ROOT / ".venv-trl"
 FRAMEWORK_KEY = ".rlpulse-framework-key"
 SDK_KEY = ".rlpulse-sdk-key"
 # What `pip install <checkout>` builds the SDK from (pyproject.toml lists every package folder, so all must be there).
-SDK_SOURCES = ("pyproject.toml", "setup.py", "README.md", "rlpulse", "schemas", "producers", "streams", "sinks")
+SDK_SOURCES = ("pyproject.toml", "setup.py", "README.md", "rlpulse", "base", "schemas", "producers", "streams", "sinks")
 SKIP = ("__pycache__", "*.so", "*.c", "*.pyc")
 
 

@@ -3,7 +3,7 @@
 Read from the docstrings (module, class, function) and ``#`` comments of every module under
 ``rlpulse/ schemas/ producers/ streams/ sinks/ bench/ tests/``, and from README.md:
 
-* every ``*.py`` path names a file of the repository (``sinks/writer.py``, or ``writer.py`` beside
+* every ``*.py`` path names a file of the repository (``sinks/write/writer.py``, or ``writer.py`` beside
   the module that says it), so a file that moved leaves no pointer behind;
 * every dotted name of our modules resolves as it imports: ``rlpulse.schemas.codec.Codec.encode``
   is a module, then a name defined at its top level, then one in that class. The repository's
@@ -27,22 +27,22 @@ from pathlib import Path
 
 from rlpulse.schemas.catalogue import TABLES, TOPICS
 from rlpulse.schemas.codec import NAMESPACE
-from rlpulse.sinks.kafka_engine import ERRORS_TABLE
+from rlpulse.sinks.store.kafka_engine import ERRORS_TABLE
 
 ROOT = Path(__file__).resolve().parents[2]
-CODE = ("rlpulse", "schemas", "producers", "streams", "sinks", "bench", "tests")
-PACKAGES = {"schemas": "rlpulse.schemas", "producers": "rlpulse.producers", "streams": "rlpulse.streams",
+CODE = ("rlpulse", "base", "schemas", "producers", "streams", "sinks", "bench", "tests")
+PACKAGES = {"base": "rlpulse.base", "schemas": "rlpulse.schemas", "producers": "rlpulse.producers", "streams": "rlpulse.streams",
             "sinks": "rlpulse.sinks"}
 SKIP_DIRS = {".git", ".venv", ".rlpulse", ".cache", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis",
              "__pycache__", "node_modules", "test-artifacts", "build", "dist"}
 # Files named on purpose that are not ours: another project's, or one a test writes elsewhere.
 NOT_OURS = {
-    "checkpointing/checkpoint.py",  # quixstreams' module, which sinks/checkpoint.py follows
-    "train.py",  # the training job tests/integration/test_sdk_foreign_repo.py writes into a temporary folder
+    "checkpointing/checkpoint.py",  # quixstreams' module, which sinks/write/checkpoint.py follows
+    "train.py",  # the training job tests/integration/producers/sdk/test_sdk_foreign_repo.py writes into a temporary folder
 }
 PY_PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.py)\b")
 WIRE_BEFORE = re.compile("single[- ]" + "object", re.IGNORECASE)  # split: this module names it too
-DOTTED = re.compile(r"(?<![\w./-])((?:rlpulse|schemas|producers|streams|sinks|bench)(?:\.[A-Za-z_]\w*)+)")
+DOTTED = re.compile(r"(?<![\w./-])((?:rlpulse|base|schemas|producers|streams|sinks|bench)(?:\.[A-Za-z_]\w*)+)")
 
 
 def _sources() -> list[Path]:
@@ -181,7 +181,7 @@ def test_no_single_object_encoding_is_described() -> None:
 
 def test_the_check_sees_a_stale_reference() -> None:
     """The checks themselves: names that moved are reported, names that exist are not."""
-    assert not _resolves("rlpulse.settings.Settings") and _resolves("rlpulse.schemas.settings.Settings")
+    assert not _resolves("rlpulse.settings.Settings") and _resolves("rlpulse.base.settings.Settings")
     assert _resolves("rlpulse.schemas.codec.Codec.encode") and not _resolves("rlpulse.schemas.codec.Codec.nothing")
     assert _resolves("rlpulse.TrainingTelemetry") and _resolves("rlpulse.schemas._blockdecode")
     assert not _resolves("rlpulse.streams.windows") and "settings" not in _our_names()

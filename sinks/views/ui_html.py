@@ -1,0 +1,139 @@
+"""The frame of every page of ``rlpulse ui``: escaping, links, numbers, the layout and its stylesheet.
+
+Every value from the store (a run id, a span name, a message) is text anyone who can write to a
+topic chose: :func:`text` writes its control characters as visible escapes (a terminal escape
+``\\x1b[2J`` shows as those characters) and then HTML-escapes it with the report's one escaping
+function (``rlpulse.sinks.views.html_escape.esc``); :func:`block` does the same but keeps newlines and
+tabs, for message content shown in ``<pre>``. Links are built with :func:`href` from our own
+paths and URL-encoded parameters only, so no value can become a ``javascript:`` URL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlencode
+
+from rlpulse.base.terminal import csv_safe, terminal_safe
+from rlpulse.sinks.views.html_escape import esc
+from rlpulse.sinks.views.trajectory_html import CSS as TRAJECTORY_CSS
+
+NS = 1_000_000_000
+
+
+def text(value: Any) -> str:
+    """One value as HTML text (or a quoted attribute value), its control characters visible."""
+    return esc(terminal_safe("" if value is None else str(value)))
+
+
+def block(value: Any) -> str:
+    """Multi-line text (message content) for a ``<pre>``: newlines and tabs kept, other controls visible."""
+    return esc(csv_safe("" if value is None else str(value)))
+
+
+def href(path: str, params: Iterable[tuple[str, Any]] = ()) -> str:
+    """An escaped link to one of our pages with these parameters (None values left out)."""
+    query = urlencode([(k, str(v)) for k, v in params if v is not None and v != ""])
+    return esc(path + ("?" + query if query else ""))
+
+
+def num(value: Any, digits: int = 4) -> str:
+    """A figure as the pages show it: rounded to ``digits`` decimals, trailing zeros dropped; '–' for none."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    shown = f"{round(float(value), digits):.{digits}f}".rstrip("0").rstrip(".")
+    return "0" if shown in ("-0", "") else shown
+
+
+def when(ns: int | None) -> str:
+    if not ns:
+        return "–"
+    return dt.datetime.fromtimestamp(ns / NS, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def ago(ns: int | None, now_ns: int) -> str:
+    if not ns:
+        return "–"
+    s = max(0.0, (now_ns - ns) / NS)
+    return f"{s:.0f} s ago" if s < 120 else f"{s / 60:.0f} min ago" if s < 7200 else f"{s / 3600:.1f} h ago"
+
+
+def table(head: Iterable[str], body: str, cls: str = "") -> str:
+    th = "".join(f"<th>{esc(h)}</th>" for h in head)
+    return f'<table class="grid {esc(cls)}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def page(title: str, crumbs: list[tuple[str, str | None]], body: str, source: str, now_ns: int,
+         refresh: int | None = None) -> str:
+    """The whole document. ``crumbs``: (label, escaped link or None for the current page); ``refresh``: seconds
+    after which the browser loads the page again (a live view without a script)."""
+    trail = " › ".join(f'<a href="{link}">{text(label)}</a>' if link else f"<span>{text(label)}</span>"
+                       for label, link in crumbs)
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{text(title)}</title>'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            + (f'<meta http-equiv="refresh" content="{int(refresh)}">' if refresh else "") +
+            '<link rel="stylesheet" href="/ui.css"><link rel="icon" href="data:,"></head>'
+            f'<body><header><a class="brand" href="/">rlpulse</a><nav class="crumbs">{trail}</nav></header>'
+            f"<main><h1>{text(title)}</h1>{body}</main>"
+            f'<footer>Read-only, from {text(source)} at {esc(when(now_ns))}. Every figure is read from ClickHouse '
+            "as the saved queries read it.</footer></body></html>")
+
+
+def error_page(status: int, message: str, now_ns: int) -> str:
+    return page(f"{status}", [("Runs", href("/")), ("error", None)],
+                f'<p class="error" data-status="{status}">{text(message)}</p>', "rlpulse ui", now_ns)
+
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 0; color: #1d1d1f; background: #f6f7f9; font-size: 14px; }
+header { background: #20232a; color: #fff; padding: 8px 20px; display: flex; gap: 18px; align-items: center; }
+header a { color: #9cdcfe; text-decoration: none; } header .brand { font-weight: bold; color: #fff; }
+.crumbs span { color: #ddd; }
+main { padding: 8px 20px 30px; max-width: 1400px; }
+h1 { font-size: 20px; margin: 12px 0; word-break: break-all; } h2 { font-size: 16px; margin: 18px 0 8px; }
+footer { color: #777; font-size: 12px; padding: 10px 20px; }
+table.grid { border-collapse: collapse; background: #fff; margin: 6px 0; }
+table.grid th, table.grid td { border: 1px solid #e1e4e8; padding: 3px 8px; text-align: left; vertical-align: top; }
+table.grid th { background: #f0f2f5; font-weight: 600; }
+table.grid td.n { text-align: right; font-variant-numeric: tabular-nums; }
+.state { font-weight: bold; } .state-RUNNING { color: #1a7f37; } .state-STALLED { color: #b35900; }
+.state-SILENT { color: #cf222e; } .state-FAILED { color: #cf222e; } .state-FINISHED { color: #57606a; }
+.state-CANCELLED { color: #8250df; }
+form.filters { background: #fff; border: 1px solid #e1e4e8; padding: 8px 10px; margin: 8px 0; display: flex; flex-wrap: wrap;
+  gap: 12px; align-items: center; }
+form.filters label { display: inline-flex; gap: 4px; align-items: center; }
+form.filters input[type=number] { width: 80px; }
+.figures { display: flex; flex-wrap: wrap; gap: 10px; margin: 8px 0; }
+.figure { background: #fff; border: 1px solid #e1e4e8; padding: 6px 10px; min-width: 110px; }
+.figure .label { color: #57606a; font-size: 12px; } .figure .value { font-size: 18px; font-variant-numeric: tabular-nums; }
+svg.chart { width: 100%; max-width: 1000px; background: #fff; border: 1px solid #e1e4e8; display: block; margin: 6px 0; }
+.charts { display: grid; grid-template-columns: 1fr; gap: 4px; }
+section.group { background: #fff; border: 1px solid #e1e4e8; margin: 10px 0; padding: 6px 10px; }
+section.group h3 { font-size: 14px; margin: 4px 0 8px; word-break: break-all; }
+.badge { display: inline-block; font-size: 11px; padding: 1px 6px; border-radius: 8px; background: #eaeef2; margin-left: 6px; }
+.badge.zero { background: #fff1c2; } .badge.fail { background: #ffd8d3; }
+.cards { display: grid; grid-auto-flow: column; grid-auto-columns: minmax(128px, 1fr); gap: 6px; overflow-x: auto;
+  padding-bottom: 4px; }
+a.card { display: block; min-width: 0; border: 1px solid #d0d7de; border-radius: 6px; padding: 6px 8px; color: inherit;
+  text-decoration: none; background: #fbfcfd; word-break: break-all; }
+a.card:hover { border-color: #0969da; } a.card .reward { font-size: 20px; font-variant-numeric: tabular-nums; }
+a.card.status-ERROR { border-color: #cf222e; }
+.failed { color: #cf222e; } .muted { color: #6e7781; } .error { color: #cf222e; font-weight: bold; }
+.pager { margin: 10px 0; display: flex; gap: 12px; }
+.dialogue { display: flex; flex-direction: column; gap: 6px; max-width: 1000px; }
+.msg { border: 1px solid #e1e4e8; border-radius: 6px; background: #fff; padding: 6px 10px; }
+.msg .role { font-size: 12px; font-weight: bold; color: #57606a; text-transform: uppercase; }
+.msg.role-user { border-left: 4px solid #0969da; } .msg.role-assistant { border-left: 4px solid #1a7f37; }
+.msg.role-tool { border-left: 4px solid #8250df; } .msg.role-system { border-left: 4px solid #6e7781; }
+pre { white-space: pre-wrap; word-break: break-word; margin: 4px 0; font-size: 13px; }
+.tool-call { font-family: monospace; background: #f6f8fa; padding: 2px 6px; margin: 2px 0; }
+table.grid td.indent-1 { padding-left: 24px; } table.grid td.indent-2 { padding-left: 40px; }
+table.grid td.indent-3 { padding-left: 56px; } table.grid td.indent-4 { padding-left: 72px; }
+table.grid td.indent-5 { padding-left: 88px; }
+""" + TRAJECTORY_CSS

@@ -1,0 +1,207 @@
+"""The runs page and a run's page of ``rlpulse ui`` (a step's and a trajectory's: ``rlpulse.sinks.views.ui_detail``).
+
+Each function takes the store and the page's parameters (already parsed from the URL by
+``rlpulse.sinks.views.ui_server``) and returns the page's body; every link carries the parameters of the
+view it opens, so any page is a URL that can be shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rlpulse.sinks.views import ui_charts as charts
+from rlpulse.sinks.views import ui_data as data
+from rlpulse.sinks.store.clickhouse import Store
+from rlpulse.sinks.views.html_escape import esc
+from rlpulse.sinks.views.ui_html import ago, href, num, table, text, when
+from rlpulse.sinks.views.watch import snapshot
+
+STEPS_PER_PAGE = 50
+
+
+class NotFound(ValueError):
+    """A run, step or trajectory the store has no rows of (answered 404)."""
+
+
+# -- runs ----------------------------------------------------------------------------------------
+
+def runs_page(store: Store, now_ns: int, project: str | None, active: bool, refresh: str = "") -> str:
+    if not data.has_tables(store):
+        return '<p class="muted">The store has no rlpulse tables yet: nothing has reached it. Run the pipeline.</p>'
+    snap = snapshot(store, now_ns, project, show_all=not active)
+    stale = data.staleness(store, [r.key for r in snap.runs]) if snap.runs else {}
+    options = "".join(f'<option value="{text(p)}"{" selected" if p == project else ""}>{text(p)}</option>'
+                      for p in data.projects(store))
+    form = ('<form class="filters" method="get" action="/"><label>project <select name="project">'
+            f'<option value="">all</option>{options}</select></label>'
+            f'<label><input type="checkbox" name="active" value="1"{" checked" if active else ""}> active only '
+            "(reported in the last 10 minutes, or stalled or silent)</label><label>refresh <select name=\"refresh\">"
+            + "".join(f'<option value="{v}"{" selected" if v == refresh else ""}>{label}</option>'
+                      for v, label in (("", "off"), ("10", "every 10 s"), ("30", "every 30 s"), ("60", "every minute")))
+            + "</select></label><button>show</button></form>")
+    body = []
+    for r in snap.runs:
+        state = r.end_status.upper() if r.state == "ENDED" and r.end_status else r.state
+        link = href("/run", [("project", r.project), ("run", r.run_id), ("attempt", r.attempt)])
+        s_max, s_mean = stale.get(r.key, (None, None))
+        rules: dict[str, int] = {}
+        for a in r.alerts:  # one rule may be open for several keys (a term each, a GPU each)
+            rules[a.rule] = rules.get(a.rule, 0) + 1
+        alerts = ", ".join(rule + (f" ×{n}" if n > 1 else "") for rule, n in sorted(rules.items()))
+        body.append(
+            f'<tr class="run" data-project="{text(r.project)}" data-run="{text(r.run_id)}" data-attempt="{r.attempt}">'
+            f'<td class="state state-{esc(state)}">{esc(state)}</td><td>{text(r.project)}</td>'
+            f'<td class="run-id"><a href="{link}">{text(r.run_id)}</a></td><td class="n">{r.attempt}</td>'
+            f'<td class="n step">{num(r.step)}</td><td class="n steps-done">{r.step_count}</td>'
+            f'<td class="n pace">{num(r.steps_per_min, 2)}</td><td class="n reward">{num(r.reward_mean)}</td>'
+            f'<td class="n clipped">{num(r.clipped_ratio)}</td><td class="n failure-rate">{num(r.failure_rate)}</td>'
+            f'<td class="n staleness">{num(s_max)} / {num(s_mean, 2)}</td>'
+            f'<td class="alerts{" failed" if alerts else ""}">{text(alerts) or "–"}</td>'
+            f'<td class="last">{esc(ago(r.last_ns, now_ns))}</td></tr>')
+    head = ("state", "project", "run", "attempt", "step", "steps done", "steps/min", "reward mean", "clipped ratio",
+            "failure rate", "staleness max / mean", "open alerts", "last report")
+    if not body:
+        what = "active runs" if active else "runs"
+        return form + f'<p class="muted">No {what}{" of project " + text(project) if project else ""}.</p>'
+    note = ('<p class="muted">Reward mean and clipped ratio: the latest step; failure rate: grader failures over '
+            "the last 5 minutes up to now or the run's end; staleness: step - policy version at the latest step.</p>")
+    return form + table(head, "".join(body), "runs") + note
+
+
+# -- a run ---------------------------------------------------------------------------------------
+
+@dataclass
+class RunView:
+    project: str
+    run: str
+    attempt: int | None
+    lo: int | None = None  # step range of the charts
+    hi: int | None = None
+    metrics: list[str] = field(default_factory=list)
+    page: int = 1
+
+    def params(self, page: int | None = None) -> list[tuple[str, object]]:
+        """This view's URL parameters (another page of its steps table with ``page``)."""
+        at = self.page if page is None else page
+        out: list[tuple[str, object]] = [("project", self.project), ("run", self.run), ("attempt", self.attempt),
+                                          ("from", self.lo), ("to", self.hi)]
+        return out + [("metric", m) for m in self.metrics] + [("page", at if at > 1 else None)]
+
+
+def run_page(store: Store, view: RunView, now_ns: int) -> str:
+    attempt = view.attempt if view.attempt is not None else data.latest_attempt(store, view.project, view.run)
+    if attempt is None:
+        raise NotFound(f"no run {view.run!r} in project {view.project!r}")
+    view.attempt = attempt
+    d = data.run_data(store, view.project, view.run, attempt, view.metrics)
+    chosen = list(d.metrics)
+    if not d.steps and d.status is None:
+        raise NotFound(f"no rows of run {view.run!r} attempt {attempt} in project {view.project!r}")
+    steps = [s for s in d.steps if (view.lo is None or s >= view.lo) and (view.hi is None or s <= view.hi)]
+    axis = charts.Axis(float(steps[0]), float(steps[-1])) if steps else charts.Axis(0.0, 1.0)
+    inside = set(steps)
+    status = d.status or {}
+    figures = [("status", status.get("status")), ("steps done", status.get("steps")),
+               ("last event", when(int(status["last_event"].timestamp() * 1e9)) if status.get("last_event") else None),
+               ("steps with figures", len(d.steps))]
+    head = '<div class="figures">' + "".join(
+        f'<div class="figure" data-figure="{esc(k)}"><div class="label">{esc(k)}</div>'
+        f'<div class="value">{text(num(v) if not isinstance(v, str) else v)}</div></div>' for k, v in figures) + "</div>"
+    return head + _run_form(view, d.metric_names, chosen) + _run_charts(d, axis, inside, chosen) + _steps_table(d, view)
+
+
+def _run_form(view: RunView, names: Sequence[str], chosen: Sequence[str]) -> str:
+    hidden = "".join(f'<input type="hidden" name="{k}" value="{text(v)}">'
+                     for k, v in (("project", view.project), ("run", view.run), ("attempt", view.attempt)))
+    boxes = "".join(f'<label><input type="checkbox" name="metric" value="{text(n)}"{" checked" if n in chosen else ""}>'
+                    f"{text(n)}</label>" for n in names[:200])
+    return (f'<form class="filters" method="get" action="/run">{hidden}'
+            f'<label>steps from <input type="number" name="from" value="{num(view.lo) if view.lo is not None else ""}">'
+            f'</label><label>to <input type="number" name="to" value="{num(view.hi) if view.hi is not None else ""}"></label>'
+            + (f'<span class="muted">trainer metrics (up to {data.METRIC_CHARTS}):</span>{boxes}' if names else "")
+            + "<button>show</button></form>")
+
+
+def _run_charts(d: data.RunData, axis: charts.Axis, inside: set[int], chosen: Sequence[str]) -> str:
+    def keep(step: object) -> bool:
+        return int(step) in inside  # type: ignore[call-overload]
+
+    stats = [d.stats[s] for s in sorted(d.stats) if keep(s)]
+    pct = [r for r in d.percentiles if keep(r["step"]) and r["p50"] is not None]
+    reward = charts.lines("reward", "Reward per step: mean (band: ± std) and p10 / p50 / p90 from the histogram", axis,
+                          {"mean": [(s.step, s.reward_mean) for s in stats],
+                           **{q: [(r["step"], float(r[q])) for r in pct] for q in ("p10", "p50", "p90")}},
+                          bands={"mean ± std": [(s.step, s.reward_mean - s.reward_std, s.reward_mean + s.reward_std)
+                                                for s in stats]})
+    labels = [f"≤{d.heat_bounds[0]:g}"] + [f"≤{b:g}" for b in d.heat_bounds[1:]] + [f">{d.heat_bounds[-1]:g}"] \
+        if d.heat_bounds else []
+    heat = charts.heatmap("reward-heatmap", "Reward histogram per step (term total)", axis, labels,
+                          {s: c for s, c in d.heat.items() if keep(s)})
+    clipped = charts.lines("clipped-ratio", "Clipped ratio per step (completions cut at max tokens)", axis,
+                           {"clipped ratio": [(r["step"], float(r["clipped_ratio"])) for r in d.trend if keep(r["step"])]},
+                           y_range=(0.0, 1.0))
+    per_step: dict[int, dict[str, float]] = {}
+    for r in d.failures:
+        if keep(r["step"]):
+            per_step.setdefault(int(r["step"]), {})[f"{r['term']}: {r['cause']}"] = float(r["failures"])
+    failures = charts.bars("failures", "Grader failures per step by term and cause", axis, per_step)
+    lengths = charts.lines("completion-length", "Completion length per step (tokens): p50 / p90 / p99", axis,
+                           {q: [(s, v[i]) for s, v in sorted(d.lengths.items()) if keep(s)]
+                            for i, q in enumerate(("p50", "p90", "p99"))})
+    metric_charts = [charts.lines(f"metric-{i}", f"Trainer metric {name}", axis,
+                                  {name: [(s, v) for s, v in d.metrics.get(name, []) if keep(s)]})
+                     for i, name in enumerate(chosen)]
+    eng = [r for r in d.engine if keep(r["step"])]
+    engine = charts.lines("engine", "Rollout engines per step: KV-cache usage max, awake share", axis,
+                          {k: [(r["step"], float(r[k])) for r in eng if r[k] is not None]
+                           for k in ("kv_cache_usage_max", "awake_share")}, y_range=(0.0, 1.0))
+    engine_rate = charts.lines("engine-rate", "Rollout engines per step: generation tokens/s", axis,
+                               {"generation tokens/s": [(r["step"], float(r["generation_tokens_per_s"])) for r in eng
+                                                        if r["generation_tokens_per_s"] is not None]})
+    util = {label: [(data.step_at(d.marks, t), u) for t, u, _ in pts] for label, pts in d.gpus.items()}
+    power = {label: [(data.step_at(d.marks, t), p) for t, _, p in pts] for label, pts in d.gpus.items()}
+    gpu = charts.lines("gpu-utilization", "GPU utilisation per GPU (0..1), placed on the step axis", axis, util)
+    gpu_power = charts.lines("gpu-power", "GPU power per GPU (W), placed on the step axis", axis, power)
+    alerts = charts.alert_lanes("alerts", "Alerts of the run and its GPUs, placed on the step axis", axis,
+                                [(data.step_at(d.marks, t), rule, state, f"{when(t)} {rule} {state}: {summary}")
+                                 for t, rule, state, summary in d.alerts])
+    return ('<h2>Per step</h2><div class="charts">' + "".join(
+        [reward, heat, clipped, failures, lengths, *metric_charts, engine, engine_rate, gpu, gpu_power, alerts]) + "</div>")
+
+
+def _steps_table(d: data.RunData, view: RunView) -> str:
+    steps = sorted((s for s in d.steps if (view.lo is None or s >= view.lo) and (view.hi is None or s <= view.hi)),
+                   reverse=True)
+    pages = max(1, -(-len(steps) // STEPS_PER_PAGE))
+    view.page = min(max(view.page, 1), pages)
+    shown = steps[(view.page - 1) * STEPS_PER_PAGE: view.page * STEPS_PER_PAGE]
+    trend = {int(r["step"]): r for r in d.trend}
+    pct = {int(r["step"]): r for r in d.percentiles}
+    fails: dict[int, int] = {}
+    for r in d.failures:
+        fails[int(r["step"])] = fails.get(int(r["step"]), 0) + int(r["failures"])
+    body = []
+    for s in shown:
+        st, tr, pc = d.stats.get(s), trend.get(s, {}), pct.get(s, {})
+        link = href("/step", [("project", d.project), ("run", d.run), ("attempt", d.attempt), ("step", s)])
+        cells = [tr.get("rollouts"), tr.get("clipped"), tr.get("clipped_ratio"), tr.get("change"),
+                 st.reward_mean if st else None, st.reward_std if st else None, pc.get("p10"), pc.get("p50"), pc.get("p90"),
+                 st.samples if st else None, st.samples_same_reward if st else None, fails.get(s, 0),
+                 st.staleness_max if st else None]
+        names = ("rollouts", "clipped", "clipped-ratio", "change", "reward-mean", "reward-std", "p10", "p50", "p90",
+                 "samples", "same-reward", "failures", "staleness")
+        body.append(f'<tr class="step" data-step="{s}"><td><a href="{link}">{s}</a></td>'
+                    + "".join(f'<td class="n {n}">{num(v)}</td>' for n, v in zip(names, cells)) + "</tr>")
+    head = ("step", "rollouts", "clipped", "clipped ratio", "change", "reward mean", "reward std", "p10", "p50", "p90",
+            "samples", "same reward", "grader failures", "staleness max")
+    pager = _pager("/run", view.params, view.page, pages)
+    return f"<h2>Steps ({len(steps)})</h2>" + pager + table(head, "".join(body), "steps") + pager
+
+
+def _pager(path: str, params: Callable[[int], list[tuple[str, object]]], page: int, pages: int) -> str:
+    if pages <= 1:
+        return ""
+    prev = f'<a rel="prev" href="{href(path, params(page - 1))}">‹ newer</a>' if page > 1 else ""
+    nxt = f'<a rel="next" href="{href(path, params(page + 1))}">older ›</a>' if page < pages else ""
+    return f'<div class="pager">{prev}<span>page {page} of {pages}</span>{nxt}</div>'

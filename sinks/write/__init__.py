@@ -1,0 +1,1 @@
+"""The write path: Kafka -> ClickHouse, with checkpoints in a strict commit order, idempotent inserts and dead letters."""

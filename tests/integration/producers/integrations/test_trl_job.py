@@ -1,0 +1,182 @@
+"""A real TRL ``GRPOTrainer`` job, instrumented in two lines, through the whole pipeline: per step,
+ClickHouse equals what TRL logged (``trainer.state.log_history``) and what the job recorded.
+
+The job (``tests/trainers/trl_grpo_job.py``) runs on CPU in its own venv holding only the SDK and
+TRL's stack (``.venv-trl``, built by ``tests/trainers/trainer_venv.py`` when missing or stale: about
+100 s and 6 GB the first time); ``rlpulse streams`` and ``rlpulse sink`` run from ours. Under
+``CI=true`` a venv that cannot be built fails the test; elsewhere it skips, saying why.
+
+Steps follow ``rlpulse.producers.integrations.trl``: a batch generated at ``global_step == k`` is
+step ``k + 1`` with policy version ``k + 1``. TRL logs a batch's figures at that step
+(TRL 1.16's module ``trl.trainer.grpo_trainer``), and the test computes the same from the rows:
+
+* ``completions/clipped_ratio``: ``mean(ids[-1] not in eos_and_pad)`` over the batch's
+  completions -> ``countIf(clipped) / count()`` of its ROLLOUT spans, and ``step_stats.clipped_ratio``.
+* ``completions/mean_length`` (``min_length``, ``max_length``): over ``len(completion_ids)`` ->
+  ``avg(completion_tokens)`` and ``step_stats.completion_mean`` (min, max).
+* ``reward``: ``nanmean(rewards)`` where ``rewards = nansum(rewards_per_func * reward_weights)``
+  with the rows every function failed set to NaN -> ``avg(reward)`` over the ROLLOUT spans with
+  at least one term (a term is left out when its grader failed; a rollout with none is unscorable).
+* ``reward_std``: TRL's ``nanstd``, the sample standard deviation (Bessel's correction, n - 1) over
+  the same rows -> ``stddevSamp(reward)`` over them; ``step_stats.reward_std`` is the population
+  one over every rollout, a different figure, so it is not compared.
+* ``rewards/<func>/mean`` and ``/std``: ``nanmean`` and ``nanstd`` of the function's raw values ->
+  ``avg(score)`` and ``stddevSamp(score)`` of its ``ok`` GRADER spans.
+* Failures by cause: the job counts its own, per function and cause -> GRADER spans by outcome.
+* Every number TRL logged (``log_history``, less ``step``): one ``step_metrics`` row each, exact.
+
+TRL computes the batch figures in float32 tensors (``rewards_per_func`` is float32; means are
+``.float().mean()``) and logs them as Python floats; rlpulse keeps the reward functions' float64
+values. Those figures are compared within 1e-6 relative, far above float32 rounding (6e-8 per
+operation) and far below any real difference (a single rollout of 64 moves a mean by 1e-2).
+Counts and the scalars rlpulse stores as TRL logged them are compared exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
+from rlpulse.schemas.enums import FAILURE_CAUSES
+from rlpulse.base.settings import Settings
+from rlpulse.schemas.topics import ensure_topics
+from tests.conftest import unavailable
+from tests.integration import until
+from tests.trainers import trainer_venv
+
+pytestmark = [pytest.mark.integration, pytest.mark.full]
+
+JOB = Path(__file__).resolve().parents[3] / "trainers" / "trl_grpo_job.py"
+PROJECT, RUN = "trl-itest", "grpo-1"
+REL = 1e-6  # float32 figures of TRL against float64 rows (see the module docstring)
+
+
+@pytest.fixture(scope="module")
+def trainer_python() -> Path:
+    try:
+        return trainer_venv.ensure(log=lambda line: print(f"trainer venv: {line}"))
+    except (trainer_venv.VenvError, OSError) as exc:
+        unavailable(f"the trainer venv {trainer_venv.VENV} could not be built "
+                    f"(`python tests/trainers/trainer_venv.py` builds it): {exc}")
+
+
+def close(got: float | None, want: float | None) -> bool:
+    if want is None or got is None:
+        return want is None and (got is None or math.isnan(got))  # TRL logs None where it has no valid value
+    return math.isclose(got, want, rel_tol=REL, abs_tol=1e-12)
+
+
+def run_job(settings: Settings, python: Path, workdir: Path, artifacts: Path) -> dict[str, Any]:
+    out = workdir / "job.json"
+    env = {k: val for k, val in settings_env(settings).items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # from its own folder, as a user runs it: nothing of this checkout is on its path but the installed SDK
+    done = subprocess.run([str(python), str(JOB), str(out), "--project", PROJECT, "--run-id", RUN], cwd=workdir, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    (artifacts / "job.log").write_text(done.stdout)
+    assert done.returncode == 0, f"the TRL job failed ({done.returncode}):\n{done.stdout[-6000:]}"
+    (artifacts / "job.json").write_text(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(1800)  # the first build of the trainer venv downloads about 3 GB
+def test_a_trl_grpo_job_in_clickhouse_equals_what_trl_logged(settings: Settings, trainer_python: Path, tmp_path: Path,
+                                                            artifacts_dir: Path) -> None:
+    ensure_topics(settings)
+    run = f"project = '{PROJECT}' AND run_id = '{RUN}'"
+    with Pipeline(settings) as pipeline:
+        pipeline.start()
+        wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
+        job = run_job(settings, trainer_python, tmp_path, artifacts_dir)
+        generations = {int(k) + 1: g for k, g in job["generations"].items()}  # step = global_step at generation + 1
+        rollouts = sum(g["rollouts"] for g in generations.values())
+        pipeline.wait_caught_up(timeout=300, until=until.counts(settings, {
+            f"SELECT count() FROM $db.spans FINAL WHERE {run} AND kind = 'ROLLOUT'": rollouts,
+            f"SELECT count() FROM $db.spans FINAL WHERE {run} AND kind = 'GRADER'": 2 * rollouts,
+            f"SELECT count() FROM $db.steps FINAL WHERE {run} AND type = 'RUN_END'": 1,
+            f"SELECT sum(rollouts) FROM $db.step_stats FINAL WHERE {run}": rollouts}))
+        pipeline.stop()
+
+    def rows(sql: str) -> list[tuple]:
+        got = until.query(settings, sql)
+        assert got is not None, f"the store could not be read for {sql}"
+        return got
+
+    logged: dict[int, dict[str, Any]] = {}  # step -> what TRL logged at it (a later log of a step overrides)
+    for entry in job["log_history"]:
+        logged.setdefault(entry["step"], {}).update({k: val for k, val in entry.items() if k != "step"})
+    batch_steps = sorted(s for s, e in logged.items() if "completions/clipped_ratio" in e)
+    assert batch_steps == sorted(generations) and len(batch_steps) >= 4, (batch_steps, sorted(generations))
+
+    # -- rollouts, clipped ratio, lengths, rewards: per step ------------------------------------------
+    spans = {r[0]: r[1:] for r in rows(f"""
+        SELECT step, count(), countIf(clipped), countIf(clipped != (finish_reason = 'length')),
+               avg(completion_tokens), min(completion_tokens), max(completion_tokens),
+               avgIf(reward, length(term_shares) > 0), stddevSampIf(reward, length(term_shares) > 0),
+               countIf(policy_version != step), uniqExact(sample_id), countIf(length(term_shares) = 0)
+        FROM $db.spans FINAL WHERE {run} AND kind = 'ROLLOUT' GROUP BY step ORDER BY step""")}
+    stats = {r[0]: r[1:] for r in rows(f"""
+        SELECT step, rollouts, clipped_ratio, completion_mean, completion_min, completion_max, staleness_max, reward_mean
+        FROM $db.step_stats FINAL WHERE {run} ORDER BY step""")}
+    assert sorted(spans) == sorted(stats) == batch_steps
+    unscorable = 0
+    for step in batch_steps:
+        trl, (n, clipped, disagree, mean_len, min_len, max_len, reward, reward_std, off_policy, groups, none) = \
+            logged[step], spans[step]
+        s_rollouts, s_clipped, s_mean, s_min, s_max, staleness, s_reward = stats[step]
+        where = f"step {step}"
+        assert n == s_rollouts == generations[step]["rollouts"], where
+        assert disagree == 0 and off_policy == 0 and staleness == 0, where  # clipped iff finish_reason length; staleness 0
+        assert groups == n // job["config"]["num_generations"], where  # one sample_id per prompt group
+        assert close(clipped / n, trl["completions/clipped_ratio"]) and close(s_clipped, trl["completions/clipped_ratio"]), where
+        assert close(mean_len, trl["completions/mean_length"]) and close(s_mean, trl["completions/mean_length"]), where
+        assert (min_len, max_len) == (s_min, s_max) == (trl["completions/min_length"], trl["completions/max_length"]), where
+        assert close(reward, trl["reward"]), (where, reward, trl["reward"])
+        assert close(reward_std, trl["reward_std"]), (where, reward_std, trl["reward_std"])
+        if none == 0:  # every rollout scored: the pipeline's own mean is TRL's
+            assert close(s_reward, trl["reward"]), where
+        unscorable += none
+    assert unscorable > 0, "the job's plan makes some completions unscorable (every reward function failed)"
+    # EOS exactly at the length limit is a stop, not a truncation (TRL's rule, not completion_tokens >= max_tokens);
+    # the seeded job has such completions (TRL's completions/max_terminated_length reaches the limit)
+    limit = job["config"]["max_completion_length"]
+    assert rows(f"SELECT countIf(completion_tokens = {limit} AND NOT clipped) > 0 FROM $db.spans FINAL "
+                f"WHERE {run} AND kind = 'ROLLOUT'") == [(True,)]
+
+    # -- grader calls: each reward function's mean and std, failures by cause, the call's own timing ----
+    terms = rows(f"""
+        SELECT step, term, avgIf(score, outcome = 'ok'), stddevSampIf(score, outcome = 'ok'),
+               countIf(score IS NOT NULL AND outcome != 'ok'), uniqExact(start_time_ns, end_time_ns),
+               min(end_time_ns - start_time_ns)
+        FROM $db.spans FINAL WHERE {run} AND kind = 'GRADER' GROUP BY step, term ORDER BY step, term""")
+    assert len(terms) == 2 * len(batch_steps)
+    for step, term, mean, std, failed_scores, calls, shortest in terms:
+        assert close(mean, logged[step][f"rewards/{term}/mean"]), (step, term, mean)
+        assert close(std, logged[step][f"rewards/{term}/std"]), (step, term, std)
+        assert failed_scores == 0  # a failed score is NULL
+        assert calls == 1 and shortest > 0, (step, term)  # one reward call scores the batch: its start and end
+    failures = rows(f"""
+        SELECT step, term, outcome, count() FROM $db.spans FINAL
+        WHERE {run} AND kind = 'GRADER' AND outcome != 'ok' GROUP BY step, term, outcome ORDER BY step, term, outcome""")
+    expected = sorted((step, term, cause, n) for step, g in generations.items()
+                      for term, causes in g["failures"].items() for cause, n in causes.items())
+    assert failures == expected
+    assert {cause for *_, cause, _ in failures} == set(FAILURE_CAUSES)  # the plan fails with every cause
+
+    # -- every scalar TRL logged: step_metrics ---------------------------------------------------------
+    want = {(step, name): float(val) for step, entry in logged.items() for name, val in entry.items()
+            if isinstance(val, (int, float)) and not isinstance(val, bool) and math.isfinite(val)}
+    got = {(step, name): value for step, name, value in rows(
+        f"SELECT step, name, value FROM $db.step_metrics WHERE {run} ORDER BY step, name")}
+    assert got == want
+    assert any(name.startswith("clip_ratio/") for _, name in got)  # PPO's ratio clipping, beside the truncation ratio
+
+    # -- steps and the run's end -----------------------------------------------------------------------
+    completed = rows(f"SELECT step FROM $db.steps FINAL WHERE {run} AND type = 'STEP' ORDER BY step")
+    assert [s for (s,) in completed] == list(range(1, job["config"]["max_steps"] + 1))
+    assert rows(f"SELECT status FROM $db.steps FINAL WHERE {run} AND type = 'RUN_END'") == [("finished",)]
