@@ -69,8 +69,8 @@ test-all: services-up tools
 test-containers: $(VENV)/.installed
 	$(PYTEST) --backend=containers $(PYTEST_ARGS) tests/integration
 
-# The scale-out tests alone (issue 12: three streams workers with one SIGKILLed and one added, two
-# sinks in one group), printing the partitions each worker held and the recovery times measured.
+# The scale-out tests alone (three streams workers with one SIGKILLed and one added, two sinks
+# in one group), printing the partitions each worker held and the recovery times measured.
 # Each takes 2-3 minutes: `make test-all` runs them, `make test` does not.
 test-scale: services-up
 	$(BIN)/python -m pytest -v -rs -s tests/integration/rlpulse/test_scale_workers.py tests/integration/rlpulse/test_scale_sinks.py

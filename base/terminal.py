@@ -1,4 +1,4 @@
-"""Text from the store made safe to print on a terminal (issue 18, finding 12c).
+"""Text from the store made safe to print on a terminal.
 
 Anyone who can write to a raw topic chooses run ids, projects, terms, alert keys and summaries,
 and those strings come back out of ClickHouse into ``rlpulse query``, ``report``, ``alerts`` and

@@ -26,7 +26,7 @@ class Row(NamedTuple):
     better: str  # "+" higher is better, "-" lower is better, "" not compared
 
 
-# in the order the table prints them; targets from DESIGN.md "Performance"
+# in the order the table prints them; targets as in docs/performance.md ("Targets and the current baseline")
 TABLE = [
     Row("sdk_call_ns_median", "SDK call, median", "ns", "<= 2000", "-"),
     Row("sdk_call_ns_p99", "SDK call, p99", "ns", "", "-"),

@@ -1,4 +1,4 @@
-"""``make bench`` / ``rlpulse bench``: the figures of DESIGN.md "Performance", side by side in one run.
+"""``make bench`` / ``rlpulse bench``: the performance figures and their targets (docs/performance.md), side by side in one run.
 
 SDK call cost and SDK-to-Kafka throughput (bench/sdk.py), Kafka's own producer and consumer
 ceilings from the broker's jars, a backlog of about a million events of 1,000 concurrent runs

@@ -1,4 +1,4 @@
-"""``make soak``: the pipeline under a steady live load for minutes (issue 9, "Nothing lost").
+"""``make soak``: the pipeline under a steady live load for minutes (memory and lag stay flat, nothing lost).
 
 Live runs publish span containers stamped with the current time (``bench.workload.LiveRuns``,
 as in the latency phase of ``make bench``) at half the benchmark's drain rate to ``rlpulse

@@ -1,4 +1,4 @@
-"""How fast ``rlpulse ui`` answers for a large run: 1,000 steps x 512 rollouts (issue 22: within 1 s).
+"""How fast ``rlpulse ui`` answers for a large run: 1,000 steps x 512 rollouts (target: each page within 1 s).
 
 :func:`load` writes one run into a fresh chDB store with ``INSERT ... SELECT`` from ``numbers()``
 (ClickHouse makes the rows, so loading 1.5 million spans takes seconds, not the pipeline's

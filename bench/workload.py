@@ -38,7 +38,7 @@ class WorkloadConfig:
     clip_rate: float = 0.1
     max_tokens: int = 1024
     seed: int = 7
-    # What users send besides rollouts and graders (issues 19 and 20), so the bench follows the product:
+    # What users send besides rollouts and graders (traced calls, trainer scalars, engine samples), as the product gets:
     traced_every: int = 5  # every n-th rollout is a traced agent's: an LLM and a TOOL span under it (0: none)
     trainer_metrics: int = 8  # scalars on each STEP event (step_completed(metrics=...)), to step_metrics
     engine_samples: bool = True  # one vLLM engine sample per run and step, on the hardware topic

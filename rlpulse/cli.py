@@ -319,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8421, help="port (default 8421; 0: any free one)")
     _add_common(p)
     p.set_defaults(func=commands.cmd_ui)
+
+    p = sub.add_parser("reference", help="write docs/reference/ from the code's catalogue (--check: exit 1 when stale)")
+    p.add_argument("--out", default="docs/reference", help="the folder of the pages (default docs/reference)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the pages that are stale")
+    p.set_defaults(func=lambda a: __import__("rlpulse.reference", fromlist=["cmd"]).cmd(a))
     return parser
 
 

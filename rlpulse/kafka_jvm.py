@@ -28,6 +28,7 @@ from pathlib import Path
 from rlpulse.progress import Ticker
 from rlpulse.base.files import PRIVATE_UMASK, private_dir, private_file
 from rlpulse.base.settings import Settings, broker_address_file, recorded_bootstrap
+from rlpulse.base.errors import Error
 
 KAFKA_VERSION = "3.9.1"
 POM = Path(__file__).parent / "kafka" / "pom.xml"
@@ -48,7 +49,7 @@ def jvm_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in source.items() if k in JVM_ENV_ALLOWED}
 
 
-class ServicesError(RuntimeError):
+class ServicesError(Error, RuntimeError):
     """A failure with a message meant for the user as it is."""
 
 

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
+from rlpulse.base.errors import Error
 
 try:
     from rlpulse.schemas._blockdecode import BlockDecodeError, compile_schema, decode_block
@@ -43,7 +44,7 @@ MAGIC = b"Obj\x01"
 SYNC_SIZE = 16
 
 
-class DecodeError(ValueError):
+class DecodeError(Error, ValueError):
     """The bytes are not a decodable Avro container of a known record type; the message says why."""
 
 

@@ -1,4 +1,4 @@
-"""The bounds every reader of a container applies before it decodes a record (issue 18).
+"""The bounds every reader of a container applies before it decodes a record (raw topics are untrusted input).
 
 Anyone who can reach a raw topic can write any bytes to it, so a container is checked against
 one :class:`Limits` by :func:`check_container` before anything is decoded: the sink before it

@@ -21,11 +21,12 @@ from aiokafka.errors import TopicAlreadyExistsError, for_code
 from rlpulse.base import env as envvars
 from rlpulse.base.settings import Settings
 from rlpulse.schemas.catalogue import BY_SHORT, STREAM_TABLES, TOPICS
+from rlpulse.base.errors import Error
 
 log = logging.getLogger(__name__)
 
 
-class PartitionMismatch(RuntimeError):
+class PartitionMismatch(Error, RuntimeError):
     """Topics that must be co-partitioned have different partition counts."""
 
 

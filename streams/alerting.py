@@ -37,6 +37,21 @@ SEVERITY = {
     "checkpoint_failed": "critical",  # a run that cannot save loses its progress at the next fault
     "engine_saturated": "warning",  # rollouts queue and slow down; the run still trains
 }
+# What each rule means, for people reading an alert (docs/reference/alerts.md is generated from it).
+MEANING = {
+    "stalled_run": "a run still reports, but its step count has not increased for the stall window",
+    "silent_run": "a run has sent no event at all for the silence window",
+    "grader_failure_rate": "a reward term's failed scores over its graded scores, in one window, is over the threshold",
+    "xid": "a GPU reported its first XID error (resolves after a quiet period without a new one)",
+    "hw_slowdown": "a GPU's clocks are held down by the hardware-slowdown throttle reason (bit 0x8)",
+    "clipped_ratio_rising": "the share of rollouts truncated at the maximum length rose over consecutive steps",
+    "reward_collapse": "a step's rewards are at or below zero too often (the total's zero fraction)",
+    "policy_stale": "a step trained on rollouts generated more steps before it than the staleness bound",
+    "checkpoint_failed": "a checkpoint save failed",
+    "engine_saturated": "a vLLM engine has requests waiting with its KV cache nearly full, for too long",
+}
+if set(MEANING) != set(SEVERITY):  # a rule added to one and not the other would go undocumented
+    raise ImportError(f"alert rules without a meaning or a severity: {sorted(set(MEANING) ^ set(SEVERITY))}")
 
 
 class AlertBook:

@@ -2,8 +2,8 @@
 
 Each accumulator takes spans one at a time (``add``), round-trips through plain JSON types
 (``to_dict`` / ``from_dict``: a Faust table value travels through a changelog topic), and turns
-into the Avro records the streams publish. Semantics are those of seed 001 and DESIGN.md,
-"Figures the streams compute".
+into the Avro records the streams publish. Semantics are those of seed 001: what each figure is
+and when it is emitted is in docs/figures-and-alerts.md ("The figures").
 """
 
 from __future__ import annotations

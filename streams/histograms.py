@@ -1,4 +1,4 @@
-"""Reward and completion-length histograms (DESIGN.md "Figures the streams compute", seed 001).
+"""Reward and completion-length histograms (seed 001; buckets as in docs/figures-and-alerts.md, "The figures").
 
 Their state lives in Faust tables, whose values travel through a changelog topic, so each
 histogram round-trips through plain JSON types with ``to_dict`` / ``from_dict``. Standard

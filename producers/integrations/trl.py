@@ -71,13 +71,14 @@ from rlpulse.producers.sdk.batch import RolloutBatch
 from rlpulse.producers.sdk.process import run_status
 from rlpulse.producers.sdk.telemetry import TrainingTelemetry
 from rlpulse.schemas.enums import FAILURE_CAUSES
+from rlpulse.base.errors import Error
 
 log = logging.getLogger(__name__)
 
 __all__ = ["GraderFailure", "TrlTelemetry", "instrument"]
 
 
-class GraderFailure(Exception):
+class GraderFailure(Error):
     """A reward function's way to say why it could not score: ``timeout``, ``unavailable``,
     ``unreadable``, ``ungradable`` or ``error``. Raised, every completion of the call failed so;
     returned in the list in place of a score, that completion did. TRL sees None (NaN) either way."""

@@ -34,6 +34,7 @@ from rlpulse.producers.pollers.engine_metrics import (GENERATION_TOKENS, KV_USAG
 from rlpulse.producers.sdk.sender import Outgoing, Sender
 from rlpulse.schemas.catalogue import engine_key
 from rlpulse.base.settings import Settings
+from rlpulse.base.errors import Error
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ MAX_NAME = 256  # project, run id, pod: as the SDK's input limits
 FETCH_WORKERS = 16
 
 
-class ScrapeError(Exception):
+class ScrapeError(Error):
     """An endpoint that did not give a metrics page; the message says why (no body quoted)."""
 
 

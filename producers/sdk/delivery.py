@@ -19,6 +19,7 @@ from typing import Protocol
 from collections.abc import Callable, Sequence
 
 from rlpulse.producers.sdk.containers import Container, Encoder
+from rlpulse.base.errors import Error
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class Message(Protocol):
     value: bytes
 
 
-class MessageTooLarge(Exception):
+class MessageTooLarge(Error):
     """A send result: the destination refuses this message for its size (the sender halves it and resends)."""
 
 

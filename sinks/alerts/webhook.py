@@ -17,6 +17,7 @@ import urllib.request
 from typing import Any
 from collections.abc import Callable
 from urllib.parse import unquote, urlsplit, urlunsplit
+from rlpulse.base.errors import Error
 
 # The feed's logger name, as before this client had a module of its own: log lines and their
 # filters stay the same.
@@ -39,7 +40,7 @@ def webhook_origin(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname or '?'}{port}"
 
 
-class _Rejected(Exception):
+class _Rejected(Error):
     """The receiver refused this request for good (4xx other than 408/425/429, or a redirect)."""
 
 

@@ -28,6 +28,7 @@ from uuid import UUID
 
 from rlpulse.base.terminal import csv_safe
 from rlpulse.sinks.read.read_engine import QueryFailed, check_statement
+from rlpulse.base.errors import Error
 
 SAVED = Path(__file__).parent / "queries"
 FORMATS = ("table", "csv", "json")
@@ -35,11 +36,11 @@ FORMATS = ("table", "csv", "json")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):([^{}]+)\}")
 
 
-class ReadOnlyError(RuntimeError):
+class ReadOnlyError(Error, RuntimeError):
     """The query tried to change data or settings and ClickHouse refused it (readonly=1)."""
 
 
-class QueryError(RuntimeError):
+class QueryError(Error, RuntimeError):
     """ClickHouse rejected the query (syntax, unknown table, bad parameter value, ...).
 
     ``code`` is ClickHouse's error name (``SYNTAX_ERROR``, ``UNKNOWN_DATABASE``, ...) or ''."""

@@ -21,7 +21,7 @@ the endpoint file that holds the password only to the store's owner (it, and fin
 ClickHouse's AUTHENTICATION_FAILED (516, HTTP 403). A password in the URL is refused too: URLs
 end up in shell histories and logs.
 
-Hostile requests (issue 18): the password is checked on the headers before a byte of the body is
+Hostile requests: the password is checked on the headers before a byte of the body is
 read; a body is at most MAX_BODY on the wire and once inflated; an invalid Content-Length or chunk
 size is answered 400 and the connection closed; at most ``ReadLimits.max_connections`` connections
 are open (more get 503 at accept); a query_id is never echoed unless it is plain; a bad request is
@@ -56,6 +56,7 @@ from rlpulse.base.env import READ_PORT
 from rlpulse.sinks.read.bounded_http import BoundedHTTPServer
 from rlpulse.sinks.store.endpoint_file import ENDPOINT_FILE, publish, withdraw
 from rlpulse.sinks.read.read_engine import Engine, QueryFailed, ReadLimits
+from rlpulse.base.errors import Error
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ _CONTENT_TYPES = (("TabSeparated", "text/tab-separated-values; charset=UTF-8"),
                   ("Vertical", "text/plain; charset=UTF-8"), ("Markdown", "text/markdown; charset=UTF-8"))
 
 
-class BadRequest(Exception):
+class BadRequest(Error):
     """A request the endpoint will not read further: answered 400 and its connection closed."""
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from rlpulse.base.errors import Error
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The settings a reader may choose (URL parameters): result shape and size, output formatting, time
@@ -66,7 +67,7 @@ class ReadLimits:
                 "max_result_rows": self.max_result_rows, "max_result_bytes": self.max_result_bytes}
 
 
-class QueryFailed(Exception):
+class QueryFailed(Error):
     """A ClickHouse error to send back: its code and its ``Code: N. DB::Exception: ...`` text."""
 
     def __init__(self, code: int, text: str):

@@ -30,6 +30,7 @@ from functools import lru_cache
 from typing import Any
 
 from rlpulse.schemas.codec import full_name, load_schemas
+from rlpulse.base.errors import Error
 
 _PRIMITIVES = {"string": "String", "bytes": "String", "int": "Int32", "long": "Int64", "float": "Float32",
                "double": "Float64", "boolean": "Bool"}
@@ -39,7 +40,7 @@ _PROMOTES = {"int": {"long", "float", "double"}, "long": {"float", "double"}, "f
 _INT = re.compile(r"(U?)Int(\d+)")
 
 
-class IncompatibleSchema(ValueError):
+class IncompatibleSchema(Error, ValueError):
     """A writer schema the reader schema cannot resolve; the message says which field and why."""
 
 

@@ -20,16 +20,17 @@ import clickhouse_connect
 
 from rlpulse.base import env as envvars
 from rlpulse.base.files import private_dir
+from rlpulse.base.errors import Error
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class StoreBusyError(RuntimeError):
+class StoreBusyError(Error, RuntimeError):
     """The chDB store is open in another process."""
 
 
-class NoDataError(RuntimeError):
+class NoDataError(Error, RuntimeError):
     """The store has none of the data asked for (no rlpulse database yet, no rows of a run)."""
 
 

@@ -22,6 +22,7 @@ does not know, so a new migration cannot silently stay single-node.
 from __future__ import annotations
 
 import re
+from rlpulse.base.errors import Error
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CREATE = re.compile(r"^CREATE TABLE (IF NOT EXISTS )?(\w+)\.(\w+) (\(.*\))\s*ENGINE = ReplacingMergeTree(\([^)]*\))?\s(.*)$",
@@ -40,7 +41,7 @@ _GPU_KEYED = {"gpu_samples": "cityHash64(hw_id)", "placements": "cityHash64(ifNu
 RUN_KEY = "cityHash64(project, run_id)"
 
 
-class UnclusteredStatement(ValueError):
+class UnclusteredStatement(Error, ValueError):
     """A migration statement this module does not know how to run on a cluster."""
 
 

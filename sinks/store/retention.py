@@ -24,6 +24,7 @@ from typing import Any
 
 from rlpulse.schemas.catalogue import TABLES
 from rlpulse.sinks.store.clickhouse import Store
+from rlpulse.base.errors import Error
 
 # Each table's event time, the column its TTL counts from (the migrations' TTL clauses; the
 # integration test checks these against a migrated store).
@@ -41,7 +42,7 @@ MAX_DAYS = 36_500  # a hundred years: "keep for ever" within an int ClickHouse's
 MAX_PROJECT = 256  # characters: the SDK's limit for a project name (rlpulse.producers.sdk.events.MAX_NAME)
 
 
-class RetentionError(RuntimeError):
+class RetentionError(Error, RuntimeError):
     """A table's TTL cannot be read or changed as asked (one written by hand, a store that refuses)."""
 
 

@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
 from rlpulse.sinks.read.queries import PLACEHOLDER, list_saved, load_saved
+from rlpulse.base.errors import Error
 
 DATABASE = "rlpulse"
 DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "rlpulse-clickhouse"}
@@ -113,7 +114,7 @@ def grafana_interpolate(sql: str, variables: Mapping[str, str]) -> str:
     return VARIABLE.sub(swap, sql)
 
 
-class UnmappedParameterError(ValueError):
+class UnmappedParameterError(Error, ValueError):
     """A saved query has a ``{name:Type}`` parameter that no dashboard variable or macro stands for."""
 
 

@@ -16,11 +16,12 @@ from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.html_escape import esc
 from rlpulse.sinks.views.ui_html import ago, href, num, table, text, when
 from rlpulse.sinks.views.watch import snapshot
+from rlpulse.base.errors import Error
 
 STEPS_PER_PAGE = 50
 
 
-class NotFound(ValueError):
+class NotFound(Error, ValueError):
     """A run, step or trajectory the store has no rows of (answered 404)."""
 
 

@@ -23,6 +23,7 @@ from rlpulse.sinks.views.trajectories import NO_SAMPLE
 from rlpulse.sinks.views.ui_detail import SORTS, VARIANCES, StepView, step_page, trajectory_page
 from rlpulse.sinks.views.ui_html import href
 from rlpulse.sinks.views.ui_pages import NotFound, RunView, run_page, runs_page
+from rlpulse.base.errors import Error
 
 MAX_VALUE = 1024  # characters of one parameter (ids are far shorter)
 REFRESH_MIN = 5  # seconds: ``refresh=N`` on any page reloads it every N seconds (5 to 3600)
@@ -31,7 +32,7 @@ INT_MAX = 2**63 - 1
 Query = dict[str, list[str]]
 
 
-class BadParameter(ValueError):
+class BadParameter(Error, ValueError):
     """A URL parameter that does not parse (answered 400)."""
 
 

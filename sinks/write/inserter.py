@@ -24,6 +24,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 from rlpulse.base.faults import FAULTS_ENV, Faults
 from rlpulse.sinks.store.avro_sql import InsertPlan
 from rlpulse.sinks.store.clickhouse import Store
+from rlpulse.base.errors import Error
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +63,11 @@ def error_code(exc: BaseException) -> int | None:
     return int(match.group(1)) if match else None
 
 
-class InsertTimeout(Exception):
+class InsertTimeout(Error):
     """An insert ran past its time limit and was stopped (or, in an engine that cannot stop it, left behind)."""
 
 
-class InsertStillRunning(OSError):
+class InsertStillRunning(Error, OSError):
     """An earlier insert that ran past its limit has not ended yet: an outage, retried until it has."""
 
 

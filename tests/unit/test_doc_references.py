@@ -1,7 +1,7 @@
-"""What the docstrings, comments and the README point to exists.
+"""What the docstrings, comments, the README and the guides in docs/ point to exists.
 
 Read from the docstrings (module, class, function) and ``#`` comments of every module under
-``rlpulse/ schemas/ producers/ streams/ sinks/ bench/ tests/``, and from README.md:
+``rlpulse/ base/ schemas/ producers/ streams/ sinks/ bench/ tests/``, and from README.md and docs/:
 
 * every ``*.py`` path names a file of the repository (``sinks/write/writer.py``, or ``writer.py`` beside
   the module that says it), so a file that moved leaves no pointer behind;
@@ -25,6 +25,7 @@ import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
+import rlpulse
 from rlpulse.schemas.catalogue import TABLES, TOPICS
 from rlpulse.schemas.codec import NAMESPACE
 from rlpulse.sinks.store.kafka_engine import ERRORS_TABLE
@@ -65,12 +66,14 @@ def _docs(path: Path) -> Iterator[tuple[int, str]]:
 
 
 def _all_docs() -> Iterator[tuple[str, str]]:
-    """(where, text): every docstring and comment line of the code, then every README line."""
+    """(where, text): every docstring and comment line of the code, then every line of the README
+    and of the guides under docs/."""
     for path in _sources():
         for line, text in _docs(path):
             yield f"{path.relative_to(ROOT)}:{line}", text
-    for i, text in enumerate((ROOT / "README.md").read_text().splitlines(), 1):
-        yield f"README.md:{i}", text
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for i, text in enumerate(page.read_text().splitlines(), 1):
+            yield f"{page.relative_to(ROOT)}:{i}", text
 
 
 def _repo_files() -> list[str]:
@@ -165,9 +168,11 @@ def test_every_module_named_imports_as_written() -> None:
             if head == "bench":
                 ok = (ROOT / "bench" / f"{rest[0]}.py").exists()
             elif head in PACKAGES:
-                ok = not ((ROOT / head / f"{rest[0]}.py").exists() or (ROOT / head / f"{rest[0]}.pyx").exists())
+                ok = not ((ROOT / head / f"{rest[0]}.py").exists() or (ROOT / head / f"{rest[0]}.pyx").exists()
+                          or (ROOT / head / rest[0] / "__init__.py").exists())
             else:
-                known = rest[0] in PACKAGES or (ROOT / "rlpulse" / f"{rest[0]}.py").exists()
+                known = (rest[0] in PACKAGES or (ROOT / "rlpulse" / f"{rest[0]}.py").exists()
+                         or rest[0] in rlpulse.__all__)
                 ok = _resolves(ref) if known else rest[0] in ours
             if not ok:
                 wrong.append(f"{where}: {ref}")

@@ -1,4 +1,4 @@
--- Issue 19: what trainers report.
+-- What trainers report.
 -- Rollouts: the policy version that generated them and why generation stopped.
 ALTER TABLE {db}.spans
     ADD COLUMN IF NOT EXISTS policy_version Nullable(Int64),

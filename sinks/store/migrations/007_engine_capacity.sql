@@ -1,4 +1,4 @@
--- Issue 20 (seed 001): the rollout engine's samples and the trainer service's capacity gauges,
+-- The rollout engine's samples and the trainer service's capacity gauges,
 -- both published on the hardware topic.
 
 -- One row per scrape of one vLLM engine (rlpulse engine-poller): gauges as read, counters as rates

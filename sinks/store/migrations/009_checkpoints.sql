@@ -1,4 +1,4 @@
--- Checkpoint saves and restores (issue 20): CHECKPOINT spans name the operation and the bytes moved;
+-- Checkpoint saves and restores: CHECKPOINT spans name the operation and the bytes moved;
 -- their outcome (ok, failed) is the spans' outcome column.
 ALTER TABLE {db}.spans
     ADD COLUMN IF NOT EXISTS checkpoint_op LowCardinality(Nullable(String)),

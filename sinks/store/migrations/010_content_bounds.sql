@@ -1,4 +1,4 @@
--- Issue 22: content kept within bounds (rlpulse.sinks.write.content_bounds). What the sink removed from
+-- Content kept within bounds (rlpulse.sinks.write.content_bounds). What the sink removed from
 -- each span it stored: content_capped = 1 for a span of a trajectory past the per-step cap
 -- (RLPULSE_SPAN_CAP), stored without its content attributes; content_cut_chars, the characters of
 -- attribute values the sink removed (that cap, and RLPULSE_SINK_CONTENT_MAX_CHARS). Older rows read 0.

@@ -1,4 +1,4 @@
--- Issue 22: the characters the SDK cut from a span's content before sending it (its own cap,
+-- The characters the SDK cut from a span's content before sending it (its own cap,
 -- rlpulse.producers.tracing.content), as a column of its own: `rlpulse retention` and the saved
 -- query content-dropped sum it without reading the attribute maps (the content itself). A DEFAULT
 -- the sink's inserts leave to ClickHouse (they name the record's fields only), so every writer's

@@ -1,4 +1,4 @@
--- Issue 21: fewer background merges. The sink inserts once a second per table while a backlog
+-- Fewer background merges. The sink inserts once a second per table while a backlog
 -- drains, and merging those parts took the largest share of the sink's CPU (MergeMutate threads:
 -- 4.35 s of about 12 s in a `rlpulse bench --quick` drain). ClickHouse's default merge selector
 -- (base 5) rewrites each row a few more times than these tables need: with base 20 a merge waits

@@ -1,4 +1,4 @@
-"""Nothing lost (issue 9): faults while training jobs publish, and ClickHouse exactly the truth.
+"""Nothing lost: faults while training jobs publish, and ClickHouse exactly the truth.
 
 * The streams worker stops for 30 s while jobs publish (the sink keeps running), then starts
   again. With the default allowed lateness (10 s) and 10 s windows every figure and alert equals

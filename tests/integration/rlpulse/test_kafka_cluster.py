@@ -1,4 +1,4 @@
-"""A three-broker Kafka cluster (issue 12): one broker SIGKILLed while training jobs publish, then
+"""A three-broker Kafka cluster: one broker SIGKILLed while training jobs publish, then
 brought back, and ClickHouse still exactly the truth.
 
 The cluster is the test's own (``own_cluster``: three KRaft nodes of ``rlpulse services up

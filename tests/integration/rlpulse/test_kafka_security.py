@@ -1,4 +1,4 @@
-"""Every client against a broker that demands TLS and SASL (issue 11).
+"""Every client against a broker that demands TLS and SASL.
 
 One broker of this module's own (never the shared one on 9092), from the same jars, with three
 listeners: PLAINTEXT (the controller's and the admin tools'), SASL_SSL with SCRAM-SHA-512, and

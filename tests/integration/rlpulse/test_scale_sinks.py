@@ -1,4 +1,4 @@
-"""Scaling out the sink (issue 12): two ``rlpulse sink`` processes in one consumer group, while
+"""Scaling out the sink: two ``rlpulse sink`` processes in one consumer group, while
 training jobs publish on six partitions (one job per partition) and one streams worker computes
 the figures.
 

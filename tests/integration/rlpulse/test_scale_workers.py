@@ -1,4 +1,4 @@
-"""Scaling out the streams (issue 12): two, then three ``rlpulse streams`` workers in one group over
+"""Scaling out the streams: two, then three ``rlpulse streams`` workers in one group over
 six partitions while training jobs publish; one worker is SIGKILLed mid-stream; ClickHouse then
 holds exactly the truth, every figure and every alert.
 

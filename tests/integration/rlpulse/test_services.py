@@ -33,7 +33,7 @@ BOOTSTRAP = "127.0.0.1:19092"
 REPO = Path(__file__).resolve().parents[3]
 
 
-# In the environment of `services up`; the broker it starts must not inherit it (issue 18, finding 12).
+# In the environment of `services up`; the broker it starts must not inherit it (rlpulse.kafka_jvm.JVM_ENV_ALLOWED).
 SHELL_SECRET = (envvars.KAFKA_SASL_PASSWORD, "a-shell-secret-the-broker-must-not-hold")
 
 

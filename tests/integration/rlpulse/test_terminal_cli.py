@@ -1,4 +1,4 @@
-"""Issue 18, finding 12c, through the real command: a value carrying terminal escapes, read by
+"""Terminal escapes from the data, through the real command: a value carrying them, read by
 `rlpulse query` from the real ClickHouse engine, is printed neutralised (table, CSV and JSON)."""
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""rlpulse.base.terminal: hostile text printed as visible escapes, ordinary text unchanged
-(issue 18, finding 12c)."""
+"""rlpulse.base.terminal: hostile text printed as visible escapes, ordinary text unchanged."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """A Kafka JVM started by `rlpulse services up` (broker, storage tool, SCRAM admin tool) gets an
-allowlist of the user's environment, never the passwords and tokens a shell may hold (issue 18,
-finding 12). The started broker's /proc environ is checked in test_services.py."""
+allowlist of the user's environment, never the passwords and tokens a shell may hold (a
+broker has no use for them and would keep them for its lifetime). The started broker's /proc environ
+is checked in test_services.py."""
 
 from __future__ import annotations
 

@@ -146,7 +146,7 @@ def test_an_older_writer_lacking_fields_the_processor_reads_takes_their_defaults
     assert run["marks"] == {"spans|1|": 103}  # steps without a sequence (0): always applied, never marked
 
 
-# -- issue 19's additions, both ways ------------------------------------------------------------------
+# -- what trainers report (policy version, finish reason, metrics, status), both ways -----------------
 BEFORE_TRAINERS_SPAN = evolved("Span", removed=("policy_version", "finish_reason"))
 BEFORE_TRAINERS_STEP = evolved("Step", removed=("metrics", "status"))
 BEFORE_TRAINERS_STEP["fields"][[f["name"] for f in BEFORE_TRAINERS_STEP["fields"]].index("type")]["type"]["symbols"].remove(

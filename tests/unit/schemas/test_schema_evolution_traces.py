@@ -1,4 +1,4 @@
-"""Span.metrics (issue 20: an entry's rollout_metrics / reward_metrics), both ways: a writer from before
+"""Span.metrics (an entry span's rollout_metrics / reward_metrics), both ways: a writer from before
 it reads with the default (in the streams and through the sink's own INSERT into ClickHouse), and a
 reader from before it reads a new writer's spans without it."""
 

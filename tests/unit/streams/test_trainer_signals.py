@@ -1,4 +1,4 @@
-"""What trainers report (issue 19, items 2-7): through the SDK into the records, and through the
+"""What trainers report: through the SDK into the records, and through the
 run processor into the figures and alerts.
 
 SDK calls go through the real sender into ``InMemoryTransport`` and are decoded with the real

@@ -1,5 +1,5 @@
 """What trainers report, from the SDK through the real broker, ``rlpulse streams`` and ``rlpulse
-sink`` into ClickHouse (issue 19, items 2-7): the trainer's scalars in ``step_metrics``, a
+sink`` into ClickHouse: the trainer's scalars in ``step_metrics``, a
 rollout's policy version and finish reason, staleness per step and its alert, a grader that
 raised under cause ``error`` with no score and its own times, RUN_END's status, and two ranks
 counting each step once.

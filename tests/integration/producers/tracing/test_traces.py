@@ -1,4 +1,4 @@
-"""Traced LLM and tool calls end to end (issue 20): an agent on the real ``openai`` client against an
+"""Traced LLM and tool calls end to end: an agent on the real ``openai`` client against an
 OpenAI-compatible server on loopback, traced with content on, through the real broker, ``rlpulse
 streams`` and ``rlpulse sink`` into ClickHouse. Then the span tree rebuilt from ClickHouse (the saved
 query ``span-tree`` through ``rlpulse query``, and ``rlpulse.sinks.views.trajectories``), the streams counting the

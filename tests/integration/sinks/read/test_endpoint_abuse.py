@@ -1,4 +1,4 @@
-"""The sink's read endpoint under hostile requests (issue 18, findings 6-9), sent to a real
+"""The sink's read endpoint under hostile requests, sent to a real
 ``rlpulse sink`` process over raw sockets and HTTP: setting tricks that read files, bodies that lie
 about their length or inflate, floods of connections, slow queries, CRLF in query_id, malformed
 bodies. Each is answered with the right status within a bound; nothing of the sink's environment

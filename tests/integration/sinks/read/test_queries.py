@@ -112,7 +112,7 @@ def test_writes_are_refused_read_only_and_leave_the_data(url: str, sql: str) -> 
     ],
 )
 def test_more_than_one_statement_is_refused_and_the_table_stays(url: str, sql: str) -> None:
-    """Issue 18, finding 10: the chDB backend ran each statement of a text on its own, readonly=1
+    """A text of several statements: the chDB backend once ran each on its own, readonly=1
     applied to the last only, and the DROP went through. Exactly one read-only statement runs."""
     seed(url, {"spans": [span("s1", None, "rollout", 0)]})
     run = cli(url, sql)

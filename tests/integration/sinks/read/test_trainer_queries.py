@@ -1,4 +1,4 @@
-"""The saved queries of issue 19 through ``rlpulse query`` on a real chDB store: the trainer's
+"""The saved queries for what trainers report, through ``rlpulse query`` on a real chDB store: the trainer's
 scalars (``step-metrics``, read through the ``step_metrics`` view), failures per step
 (``failures-by-step``) and how runs ended (``run-status``).
 

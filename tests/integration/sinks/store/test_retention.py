@@ -1,4 +1,4 @@
-"""``rlpulse retention`` on a real store (issue 22): rows past their TTL go, a project's own TTL
+"""``rlpulse retention`` on a real store: rows past their TTL go, a project's own TTL
 removes that project's rows only, what was set reads back, and a store a sink holds is refused
 with the fix named while it is still shown through the sink's read endpoint.
 

@@ -7,7 +7,8 @@ them, and the garbage stays where it is; a second replay sends nothing. A replay
 leaves the garbage too: the container decoder refuses it, so the sink would only refuse it again.
 
 Anyone can write to the dead-letter topic: a letter naming a topic that is not one the sink reads
-(here one under the pipeline's own prefix) is never sent there (issue 18, finding 12).
+(here one under the pipeline's own prefix) is never sent there: a replay publishes only to the
+topics the sink reads, never where a letter's header says.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A garbage writer under load (issue 18): for a minute, someone who can write to the raw topics
+"""A garbage writer under load: for a minute, someone who can write to the raw topics
 sends malformed, oversized and hostile messages at a steady rate while training jobs publish
 real runs, through the processes users run (``rlpulse streams`` and ``rlpulse sink`` as children,
 the real broker, the backend's ClickHouse: chDB by default).
@@ -56,7 +56,8 @@ from rlpulse.sinks.write.dlq import (ORIGINAL_SHA256, ORIGINAL_SIZE, REASON, SOU
                                TRUNCATED)
 from tests.integration.workload import (JUDGE_FAILURE, PROJECT, Job, assert_figures_equal, check_delivery,
                                         emitted_more_than_once, expected, figures_in, read_figures, stop_jobs)
-from tests.unit.sinks.write.test_bounded_decoder import SPAN, STEP, container, deflate_bomb, endless_span, many_records, record_bytes, span
+from tests.unit.sinks.write.test_bounded_decoder import (SPAN, STEP, container, deflate_bomb, endless_span, many_records,
+                                                          record_bytes, span)
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]  # ~60 s of garbage plus set-up and drain: make test-all
 
@@ -86,7 +87,7 @@ class Kind:
 
 
 def _huge_string_step() -> bytes:
-    """One Step whose ``stage`` is a 20 MiB string (as test_hostile_messages' finding 2)."""
+    """One Step whose ``stage`` is a 20 MiB string (as in test_hostile_messages)."""
     record = dict(project=HOSTILE_PROJECT, run_id="r", attempt=1, stage="x" * (20 << 20), time_ns=1, type="STEP",
                   trainer="rl", step=1, step_count=1, tokens=1, duration_s=1.0, throughput=1.0, mfu=None,
                   dropped_events=0, writer_id="w", sequence_id=1)
@@ -113,12 +114,12 @@ def build_kinds() -> list[Kind]:
         Kind("empty", "steps", b"", "empty message (no value)", "message too short for an Avro container (0 bytes)"),
         Kind("tombstone", "spans", None, "empty message (no value)", "message too short for an Avro container (0 bytes)"),
         Kind("truncated", "spans", good[:-20], "runs past the end"),  # a good container, its last block cut
-        Kind("2**62-items", "spans", endless_span(), "array of items that take no bytes"),  # issue 18, finding 1
-        Kind("deflate-bomb", "steps", deflate_bomb(), over_bytes),  # 200 MiB inflated (finding 4)
-        Kind("20MiB-string", "steps", _huge_string_step(), over_bytes, truncated=True),  # gzip on the wire (finding 2)
+        Kind("2**62-items", "spans", endless_span(), "array of items that take no bytes"),  # 2.7 KB
+        Kind("deflate-bomb", "steps", deflate_bomb(), over_bytes),  # 200 MiB inflated
+        Kind("20MiB-string", "steps", _huge_string_step(), over_bytes, truncated=True),  # gzip on the wire
         Kind("too-many-records", "spans", many_records(LIMITS.max_message_records + 1),
              f"{LIMITS.max_message_records + 1} records, over the sink's limit of {LIMITS.max_message_records}",
-             truncated=True),  # 8.9 MB of records, gzip on the wire (finding 5, at the bound)
+             truncated=True),  # 8.9 MB of records, gzip on the wire (at the bound)
         Kind("unknown-schema", "spans", container(alien, [(1, b"\x0a")]), "record type evil.Thing does not belong on topic",
              "record type evil.Thing is not one of"),
         Kind("span-on-hardware", "hardware", good, "record type rlpulse.v1.Span does not belong on topic",
@@ -152,7 +153,8 @@ class Sent:
 async def send_garbage(settings: Settings, kinds: list[Kind], check: Callable[[], None]) -> list[Sent]:
     """:data:`RATE` messages a second for :data:`GARBAGE_S` seconds, on a fixed schedule; each with
     the place the broker gave it. ``check`` runs between sends (a process or a job that died fails at once)."""
-    # gzip on the wire: the broker checks only the compressed batch against its 1 MiB, as in issue 18
+    # gzip on the wire: the broker checks only the compressed batch against its 1 MiB, so a
+    # message far over it gets through
     producer = AIOKafkaProducer(compression_type="gzip", max_request_size=128 << 20, max_batch_size=128 << 20,
                                 linger_ms=0, **settings.kafka_client_kwargs())
     keys = (f"{PROJECT}/run0".encode(), b"p/r", None)  # a good run's partition, another key, any partition

@@ -1,14 +1,14 @@
-"""Hostile messages on the raw topics against the real ``rlpulse sink`` and ``rlpulse streams``
-(issue 18, findings 1, 2, 4 and 5).
+"""Hostile messages on the raw topics against the real ``rlpulse sink`` and ``rlpulse streams``.
 
-Between two good training runs published by the SDK, anyone who can write to a raw topic sends:
+Between two good training runs published by the SDK, anyone who can write to a raw topic sends (in
+parentheses, what each did before these bounds):
 
-* finding 1: a 2.7 KB Span container whose writer schema ends in an extra array of nulls, one
+* an endless array: a 2.7 KB Span container whose writer schema ends in an extra array of nulls, one
   block claiming 2**62 items (chDB skipped items for centuries, the sink never committed);
-* finding 2: a Step container holding a 20 MiB string, gzip-compressed on the wire (its dead
+* a huge string: a Step container holding a 20 MiB string, gzip-compressed on the wire (its dead
   letter was over the producer's 1 MiB and the sink crash-looped);
-* finding 4: a deflate container that inflates to 200 MiB (the streams inflated it whole);
-* finding 5: 500,000 Span records in one gzip message (the streams applied them all).
+* a deflate bomb: a deflate container that inflates to 200 MiB (the streams inflated it whole);
+* too many records: 500,000 Span records in one gzip message (the streams applied them all).
 
 Each is refused by both processes with a reason naming the bound (``rlpulse.schemas.limits``): the sink
 dead-letters it (the 20 MiB one kept truncated, with its original size and sha256), the streams
@@ -183,7 +183,7 @@ def test_the_streams_refused_each_with_its_reason_and_nothing_restarted(ran) -> 
     assert took < 10.0, took
 
 
-# -- finding 3: no insert is unbounded in time ----------------------------------------------------
+# -- no insert is unbounded in time ---------------------------------------------------------------
 @pytest.mark.full  # an insert past the default 30 s limit, twice: ~80 s
 def test_an_insert_past_its_limit_is_dead_lettered_and_sigterm_mid_insert_exits_within_10s(settings: Settings,
                                                                                               tmp_path) -> None:
@@ -196,7 +196,8 @@ def test_an_insert_past_its_limit_is_dead_lettered_and_sigterm_mid_insert_exits_
     from rlpulse.sinks.write.dlq import read_dead_letters
     from rlpulse.sinks.write.writer import SLOW_INSERT_MARK
     from tests.integration.sinks.write.test_sink_avro import CODEC, publish, span
-    from tests.integration.sinks.write.test_sink_faults import dead_letter_count, offsets, plain_counts, start_sink, stop_sink, wait_committed
+    from tests.integration.sinks.write.test_sink_faults import (dead_letter_count, offsets, plain_counts, start_sink,
+                                                          stop_sink, wait_committed)
 
     ensure_topics(settings)
     slow = span(100, name=SLOW_INSERT_MARK.decode())

@@ -31,8 +31,8 @@ from rlpulse.schemas.topics import ensure_topics, topics_partitions
 from rlpulse.sinks.store.clickhouse import open_store
 from rlpulse.sinks.write.dlq import read_dead_letters
 # The sibling module by its own name: pytest puts tests/integration on sys.path (no __init__.py there).
-from tests.integration.sinks.write.test_sink_avro import (CODEC, NOW, PROJECT, RUN, TOPIC_OF, counts, ident, publish, rows, run_sink,
-                            samples, span, step)
+from tests.integration.sinks.write.test_sink_avro import (CODEC, NOW, PROJECT, RUN, TOPIC_OF, counts, ident, publish, rows,
+                                                         run_sink, samples, span, step)
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]  # faults: make test-all
 

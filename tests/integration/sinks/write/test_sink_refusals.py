@@ -1,4 +1,4 @@
-"""ClickHouse refusing inserts, and SIGTERM while it does (issue 9, the sink's part).
+"""ClickHouse refusing inserts, and SIGTERM while it does: nothing lost, the sink's part.
 
 The refusal is a fault injected on purpose at the insert call, in the real insert path:
 ``RLPULSE_FAULTS="insert_error=252:4"`` makes the first 4 inserts raise the error the driver
@@ -27,7 +27,8 @@ from rlpulse.sinks.store.clickhouse import migrate, open_store
 from rlpulse.sinks.write.sink import drain
 # Siblings by their own names: pytest puts tests/integration on sys.path (no __init__.py there).
 from tests.integration.sinks.write.test_sink_avro import CODEC, PROJECT, publish, span, step
-from tests.integration.sinks.write.test_sink_faults import dead_letter_count, offsets, plain_counts, start_sink, stop_sink, wait_committed
+from tests.integration.sinks.write.test_sink_faults import (dead_letter_count, offsets, plain_counts, start_sink,
+                                                      stop_sink, wait_committed)
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]  # faults: make test-all
 

@@ -1,4 +1,4 @@
-"""The sink's caps on content (issue 22), through the real broker, the sink and chDB.
+"""The sink's caps on content, through the real broker, the sink and chDB.
 
 * Spans with content written straight to the topic in several rounds, each drained by a new
   sink (``RLPULSE_SPAN_CAP=2``, ``RLPULSE_SINK_CONTENT_MAX_CHARS=100``): the first two trajectories

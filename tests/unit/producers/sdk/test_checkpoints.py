@@ -1,4 +1,4 @@
-"""Checkpoint saves and restores (issue 20): the SDK's CHECKPOINT spans through the real sender and
+"""Checkpoint saves and restores: the SDK's CHECKPOINT spans through the real sender and
 codec, the run processor's ``checkpoint_failed`` alert, and an older reader's view of the kind."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The read endpoint's settings allowlist (issue 18, finding 6): what a request's URL settings become
-before any of them reaches the engine. The same requests through a real sink are in
-tests/integration/sinks/read/test_endpoint_abuse.py."""
+"""The read endpoint's settings allowlist (no setting that carries an expression or names a file):
+what a request's URL settings become before any of them reaches the engine. The same requests
+through a real sink are in tests/integration/sinks/read/test_endpoint_abuse.py."""
 
 from __future__ import annotations
 

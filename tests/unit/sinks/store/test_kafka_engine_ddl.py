@@ -67,7 +67,7 @@ def test_the_hardware_topic_has_one_kafka_table_and_a_view_per_record_type(colum
         "nor stage nor url nor pool: no record type of topic hardware') AS error, _raw_message AS raw_message FROM "
         "rlpulse.kafka_hardware WHERE length(_error) > 0 OR (`power_w` IS NULL AND `stage` IS NULL AND `url` IS NULL "
         "AND `pool` IS NULL)")
-    # engine samples and capacity (issue 20) are told apart by their own first required field
+    # engine samples and capacity samples share the topic; they are told apart by their own first required field
     engines = next(s for s in ddl if "kafka_hardware_to_engine_samples" in s)
     assert engines.endswith(" FROM rlpulse.kafka_hardware WHERE length(_error) = 0 AND `url` IS NOT NULL")
     capacity = next(s for s in ddl if "kafka_hardware_to_capacity" in s)

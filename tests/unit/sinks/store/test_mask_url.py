@@ -1,4 +1,4 @@
-"""mask_url never prints a ClickHouse URL's password, whatever characters it holds (issue 18, finding 11)."""
+"""mask_url never prints a ClickHouse URL's password, whatever characters it holds."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What ``rlpulse query``, ``report``, ``alerts`` and ``watch`` print carries no control character
-from the data (issue 18, finding 12c).
+from the data (anyone who can write to a raw topic chooses those strings).
 
 Each command's text is made by one formatting function; each is fed rows whose run ids,
 projects, terms, keys and summaries hold escape sequences (OSC, CSI, the C1 CSI), a newline,

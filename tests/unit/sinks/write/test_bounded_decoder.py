@@ -1,5 +1,6 @@
-"""The one bounded container decoder (``rlpulse.schemas.limits``) against the hostile containers of issue 18:
-each is refused quickly, with a reason naming the bound, by the sink's checks and the streams' decode alike."""
+"""The one bounded container decoder (``rlpulse.schemas.limits``) against hostile containers (anyone
+who can write to a raw topic can send them): each is refused quickly, with a reason naming the bound,
+by the sink's checks and the streams' decode alike."""
 
 from __future__ import annotations
 
@@ -66,14 +67,14 @@ def record_bytes(schema: dict, record: dict) -> bytes:
 
 
 def endless_span() -> bytes:
-    """Issue 18, finding 1: a Span writer schema ending in an extra array of null, one block claiming 2**62 items."""
+    """A Span writer schema ending in an extra array of null, one block claiming 2**62 items."""
     schema = dict(SPAN, fields=SPAN["fields"] + [{"name": "x", "type": {"type": "array", "items": "null"}, "default": []}])
     body = record_bytes(SPAN, span()) + varint(2 ** 62) + varint(0)  # the array: one block of 2**62 nulls, then its end
     return container(schema, [(1, body)])
 
 
 def deflate_bomb(decoded: int = 200 * 1024 * 1024) -> bytes:
-    """Issue 18, finding 4: a Step container whose one deflate block inflates to ``decoded`` bytes."""
+    """A deflate bomb: a Step container whose one deflate block inflates to ``decoded`` bytes."""
     step = record_bytes(STEP, dict(project="p", run_id="r", attempt=1, stage="x", time_ns=1, type="STEP", trainer="rl",
                                    step=1, step_count=1, tokens=1, duration_s=1.0, throughput=1.0, mfu=None,
                                    dropped_events=0, writer_id="w", sequence_id=1))
@@ -84,7 +85,7 @@ def deflate_bomb(decoded: int = 200 * 1024 * 1024) -> bytes:
 
 
 def many_records(n: int = 500_000) -> bytes:
-    """Issue 18, finding 5: 500,000 Span records in one message (one block)."""
+    """500,000 Span records in one message (one block)."""
     return container(SPAN, [(n, record_bytes(SPAN, span()) * n)])
 
 
