@@ -1,4 +1,5 @@
-"""A small test harness for the stream processors, in the spirit of bytewax's ``testing.py``.
+"""A test harness for the stream processors, in the spirit of bytewax's ``testing.py``. Public:
+its names are kept stable for users' own tests (docs/figures-and-alerts.md shows one).
 
 Feed messages of records and a clock, inject a crash (with or without the last state write
 reaching the changelog) and a replay, and read the outputs the way ClickHouse keeps them

@@ -89,7 +89,7 @@ def test_an_interpreter_exiting_with_its_telemetry_open_delivers_the_buffer(sett
     assert [r["rollout_id"] for r in spans[:2]] == ["r0", "r1"]
     assert [r["type"] for r in steps] == ["RUN_START"]  # no RUN_END: the SDK cannot tell an ending job from a dying one
     delivered = re.search(
-        r"INFO rlpulse\.producers\.process: rlpulse: delivered the (\d+) telemetry events buffered at exit", log
+        r"INFO rlpulse\.producers\.sdk\.process: rlpulse: delivered the (\d+) telemetry events buffered at exit", log
     )
     assert delivered and 0 < int(delivered.group(1)) <= n + 1, log
     assert "not delivered" not in log
