@@ -7,6 +7,8 @@ the hardware topic, through the same Sender and record types as ``rlpulse engine
   sleep/wake cycle (awake 1 -> 0 -> 1, as while the actor updates), tokens flowing while awake.
   With the defaults the episode lasts 135 s of event time, longer than the default
   ``RLPULSE_ALERT_ENGINE_SATURATED_AFTER`` (120 s): ``engine_saturated`` fires and resolves once.
+* :func:`simulate_engine_during`: the same samples spread over a run's life, so each of its steps
+  has some (the demo's engine).
 * :func:`simulate_capacity`: two pools (a training pool and the serving pool) reported by two
   service instances; the serving pool's last claim ends in the last report, so it reads 0 and
   stays listed.
@@ -76,6 +78,17 @@ def simulate_engine(settings: Settings, project: str, run_id: str, attempt: int 
     else:
         sender.flush(60.0)
     return records
+
+
+def simulate_engine_during(settings: Settings, project: str, run_id: str, first_ns: int, last_ns: int, attempt: int = 1,
+                           *, samples: int = 40, sender: Sender | None = None) -> list[dict[str, Any]]:
+    """:func:`simulate_engine` with its samples spread evenly over ``(first_ns, last_ns)``, a run's
+    life from its RUN_START to its last STEP event: each step of the run then has samples (the saved
+    query engine-by-step places a sample in the step whose span holds its time). The saturation
+    episode lasts about two thirds of that span, in event time."""
+    interval_s = (last_ns - first_ns) / (samples + 1) / NS
+    return simulate_engine(settings, project, run_id, attempt, start_ns=first_ns + int(interval_s * NS), samples=samples,
+                           interval_s=interval_s, sender=sender)
 
 
 def capacity_reports(project: str = "sim") -> list[tuple[list[PoolCapacity], list[ProjectCapacity]]]:

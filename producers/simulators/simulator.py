@@ -39,6 +39,9 @@ class SimConfig:
     silent_run: bool = False  # one more run that completes a step and then dies without a word
     gpu: bool = False  # a simulated GPU per run; the first run's GPU has an XID and a slowdown
     child_spans: bool = True  # LLM, TOOL, LLM spans under each rollout (the trajectory view of the report)
+    checkpoint_every: int = 0  # a checkpoint save every this many steps (0: none), as a trainer saves its weights
+    step_s: float = 0.0  # each step takes at least this long in wall time, so samples dated within a run's
+    # steps (an engine's, see engine_sim) fall between its step events
 
 
 @dataclass
@@ -52,6 +55,10 @@ class GroundTruth:
     gpu_samples: int = 0
     expected_alerts: set = field(default_factory=set)  # (rule, key, state)
     undelivered: int = 0
+    metrics: dict = field(default_factory=dict)  # (run, step) -> the trainer scalars its STEP event carried
+    checkpoints: Counter = field(default_factory=Counter)  # run -> checkpoint saves
+    # run -> (ns just after its RUN_START, ns just before its last STEP event): wall times, not in as_dict
+    times: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +69,8 @@ class GroundTruth:
             "graded": {f"{r}/{t}": n for (r, t), n in sorted(self.graded.items())},
             "failures": {f"{r}/{t}/{c}": n for (r, t, c), n in sorted(self.failures.items())},
             "expected_alerts": sorted("/".join(a) for a in self.expected_alerts),
+            "metrics": {f"{r}/{s}": m for (r, s), m in sorted(self.metrics.items())},
+            "checkpoints": dict(sorted(self.checkpoints.items())),
         }
 
 
@@ -74,13 +83,22 @@ def simulate(settings: Settings, config: SimConfig, progress: Callable[[str], No
         stall = config.stall_s if r == config.runs - 1 else 0.0
         with TrainingTelemetry(project=config.project, run_id=run_id, attempt=1, trainer="rl", settings=settings) as tel:
             truth.step_events += 2  # RUN_START and RUN_END
+            first_ns = last_ns = time.time_ns()
             for step in range(config.steps):
+                began = time.monotonic()
                 for i in range(config.rollouts_per_step):
                     _one_rollout(tel, rng, truth, config, run_id, step, i)
                 if config.gpu:
                     _gpu_sample(tel, truth, run_id, step, first_run=(r == 0))
+                if config.checkpoint_every and step % config.checkpoint_every == config.checkpoint_every - 1:
+                    _checkpoint(tel, truth, config, run_id, step)
+                if config.step_s:
+                    time.sleep(max(0.0, began + config.step_s - time.monotonic()))
+                metrics = _trainer_metrics(config, run_id, step)
+                truth.metrics[(run_id, step)] = metrics
+                last_ns = time.time_ns()
                 tel.step_completed(step=step, tokens=rng.randint(50_000, 150_000), duration_s=rng.uniform(2, 6),
-                                   mfu=round(rng.uniform(0.3, 0.5), 3))
+                                   mfu=round(rng.uniform(0.3, 0.5), 3), metrics=metrics)
                 truth.step_events += 1
                 if stall and step == 0:
                     progress(f"run {run_id}: stalling for {stall:.0f}s after step 0 (heartbeats go on)")
@@ -91,11 +109,31 @@ def simulate(settings: Settings, config: SimConfig, progress: Callable[[str], No
                         ("stalled_run", f"{config.project}/{run_id}/1", "RESOLVED"),
                     }
             truth.undelivered += tel.flush(60.0)
+            truth.times[run_id] = (first_ns, last_ns)
         progress(f"run {run_id}: {config.steps} steps x {config.rollouts_per_step} rollouts published")
     if config.silent_run:
         _silent_run(settings, config, rng, truth)
         progress(f"run {config.project}-silent: one step, then silence (no RUN_END)")
     return truth
+
+
+def _trainer_metrics(config: SimConfig, run_id: str, step: int) -> dict[str, float]:
+    """The trainer's own scalars of a step under the names the views and integrations use (loss, kl,
+    entropy): loss falls, KL to the reference policy grows, entropy falls. Their own generator, so the
+    run's rewards and outcomes are the same with or without them."""
+    rng = random.Random(f"{config.seed}/{run_id}/{step}/metrics")
+    return {"loss": round(1.2 * 0.8 ** step + rng.uniform(-0.05, 0.05), 4),
+            "kl": round(0.002 + 0.004 * step + rng.uniform(0.0, 0.002), 5),
+            "entropy": round(1.9 - 0.1 * step + rng.uniform(-0.03, 0.03), 4)}
+
+
+def _checkpoint(tel: TrainingTelemetry, truth: GroundTruth, config: SimConfig, run_id: str, step: int) -> None:
+    """A successful save of the step's weights (a CHECKPOINT span; the saved query ``checkpoints`` lists it)."""
+    rng = random.Random(f"{config.seed}/{run_id}/{step}/checkpoint")
+    tel.checkpoint(step=step, op="save", duration_s=round(rng.uniform(0.05, 0.3), 3),
+                   size_bytes=rng.randint(2, 4) * (1 << 30))
+    truth.spans += 1
+    truth.checkpoints[run_id] += 1
 
 
 def _outcome(rng: random.Random, config: SimConfig, forced: int) -> str:

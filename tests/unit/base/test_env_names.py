@@ -27,7 +27,7 @@ TEXT_SUFFIXES = {".py", ".pyx", ".md", ".yml", ".yaml", ".xml", ".toml", ".cfg",
 TEXT_NAMES = {"Makefile", "Dockerfile", "run"}
 SKIP_DIRS = {".git", ".venv", ".rlpulse", ".cache", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis",
              "__pycache__", "node_modules", "test-artifacts", "build", "dist"}
-CODE = ("rlpulse", "base", "schemas", "producers", "streams", "sinks", "bench")
+CODE = ("rlpulse", "base", "schemas", "producers", "streams", "sinks", "bench", "examples")
 
 
 def _files() -> list[Path]:

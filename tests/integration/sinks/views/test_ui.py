@@ -1,4 +1,4 @@
-"""``rlpulse ui`` in a browser (issue 22): Playwright for Python driving Debian's chromium (never a
+"""``rlpulse ui`` in a browser: Playwright for Python driving Debian's chromium (never a
 downloaded browser) against the real CLI, fed by the simulator, a traced agent on the real ``openai``
 client and a run whose id is hostile, through the broker, ``rlpulse streams`` and ``rlpulse sink``.
 
