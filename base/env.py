@@ -4,7 +4,8 @@ Code that reads, sets or names a variable imports its constant from here: ``Sett
 (``rlpulse.base.settings``) maps the settings' variables to their fields, and the few read
 where they act (the alert webhook, the read endpoint's port, the bench's reader password) are
 read through these names too. ``tests/unit/base/test_env_names.py`` checks that no other ``RLPULSE_``
-name appears anywhere in the repository and that the README documents each one.
+name appears anywhere in the repository and that docs/reference/settings.md (generated from
+here by ``rlpulse reference``) documents each one.
 
 This module imports nothing: every part of the project (the SDK, the streams, the sink, the
 wiring) may import it.
@@ -27,7 +28,7 @@ def _var(name: str, kind: str, meaning: str) -> str:
     return name
 
 
-# Settings (rlpulse.base.settings.Settings._ENV), in the order of the README's tables.
+# Settings (rlpulse.base.settings.Settings._ENV), in the order of docs/reference/settings.md.
 KAFKA_BOOTSTRAP = _var("RLPULSE_KAFKA_BOOTSTRAP", SETTINGS, "Kafka bootstrap servers, host:port[,host:port...]")
 CLICKHOUSE_URL = _var("RLPULSE_CLICKHOUSE_URL", SETTINGS, "the ClickHouse store: chdb:///path or http://user:pass@host:8123/db")
 HOME = _var("RLPULSE_HOME", SETTINGS, "the folder of the local broker, the chDB store and the logs")

@@ -52,7 +52,7 @@ from rlpulse.schemas.codec import Codec  # noqa: E402
 from rlpulse.schemas.topics import ensure_topics  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-DEFAULT_RATE = 28_000.0  # half of the drain rate in README "Performance" (56.3k events/s)
+DEFAULT_RATE = 28_000.0  # half of an earlier drain rate (56.3k events/s); the latest bench run is preferred
 EDGE_S = 30.0  # RSS at the start and at the end: the median over this many seconds
 Progress = Callable[[str], None]
 
@@ -81,14 +81,14 @@ class SoakConfig:
 
 
 def default_rate() -> tuple[float, str]:
-    """Half the drain rate of the latest ``make bench`` on this machine, or half the README's."""
+    """Half the drain rate of the latest ``make bench`` on this machine, or half of DEFAULT_RATE's drain rate."""
     try:
         drain = json.loads((RESULTS / "latest.json").read_text()).get("e2e_events_per_s")
     except (OSError, ValueError):
         drain = None
     if drain:
         return drain / 2, f"half of the drain in {RESULTS / 'latest.json'} ({drain:,.0f} events/s)"
-    return DEFAULT_RATE, "half of the README's drain rate (no bench/results/latest.json)"
+    return DEFAULT_RATE, "half of an earlier drain rate (no bench/results/latest.json)"
 
 
 def rss_mib(pid: int) -> float:

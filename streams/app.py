@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 TICK_INTERVAL_S = 0.5
 
 # Faust settings, each with the figure that justified it (`rlpulse bench --skip-sdk --reps 1`,
-# 1,012,000-event backlog of 1,000 runs, streams + sink on this 2-core machine; README "Performance").
+# 1,012,000-event backlog of 1,000 runs, streams + sink on this 2-core machine; docs/performance.md).
 FAUST_TUNING: dict[str, Any] = {
     # The derived topics and the changelog get many small messages: batch them and compress.
     # Linger 5 ms sent many small produce requests: `rlpulse bench --quick` drained 65,424 and 73,236

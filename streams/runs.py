@@ -68,8 +68,8 @@ class RunConfig:
     silent_after_s: float = 300.0
     retention_s: float = 120.0  # closed windows and steps kept this long (event time) for late data
     thresholds: AlertThresholds = dataclasses.field(default_factory=AlertThresholds)
-    # Input limits for writers other than the SDK, which refuses these at the call (README, "Input
-    # limits"): the state of a run, and of a worker, stays bounded whatever arrives.
+    # Input limits for writers other than the SDK, which refuses these at the call (docs/sdk-and-tracing.md,
+    # "Input limits"): the state of a run, and of a worker, stays bounded whatever arrives.
     max_terms: int = MAX_TERMS  # distinct grader terms per run; spans of further terms are refused
     max_runs: int = 10_000  # runs in this worker's state; a new run beyond it is refused until one expires
     max_name: int = MAX_NAME  # characters of a project, run_id or term

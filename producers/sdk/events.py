@@ -36,7 +36,7 @@ def require_str(field: str, value: Any, allow_empty: bool = False) -> str:
     return value if value.isascii() else require_text(field, value)
 
 
-# Input limits (README, "Input limits"): names and ids are keys of the streams' state and of
+# Input limits (docs/sdk-and-tracing.md, "Input limits"): names and ids are keys of the streams' state and of
 # ClickHouse's sort orders, so they stay short; attribute values carry text (a prompt, an error).
 MAX_NAME = 256  # characters of project, run_id, stage, rollout_id, sample_id, a term, a span's name and ids
 MAX_KEY = 256  # characters of an attribute key

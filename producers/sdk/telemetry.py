@@ -1,4 +1,4 @@
-"""``TrainingTelemetry``: the calls a training loop makes (README.md, "Architecture": the SDK).
+"""``TrainingTelemetry``: the calls a training loop makes (docs/sdk-and-tracing.md).
 
 A call only validates its arguments and queues them (a tuple) with a sequence id; the sender
 thread builds and encodes the Avro record later. Validation tests exact types first because

@@ -166,8 +166,8 @@ def test_three_workers_one_killed_one_added(settings: Settings) -> None:
     published_stalls = stall_states(settings, runs)
     assert published_stalls == {run: ["FIRING", "RESOLVED"] * 2 for run in runs}
 
-    # a worker that took over a partition reads what Faust never handed it (see README, "What
-    # survives a fault"): nothing may be missing
+    # a worker that took over a partition reads what Faust never handed it (see docs/operations.md,
+    # "What survives a fault"): nothing may be missing
     assert sequence_gaps(pipeline.log_dir) == {}
 
     # every figure and the window/step alerts exactly as the truth; nothing closed twice

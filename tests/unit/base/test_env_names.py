@@ -1,7 +1,7 @@
 """Environment variable names are listed once: ``rlpulse.base.env``.
 
 * every ``RLPULSE_*`` name anywhere in the repository (code, tests, compose, deploy files, the
-  README) is one of its variables, so a misspelt name in a message or a test cannot go unnoticed;
+  docs) is one of its variables, so a misspelt name in a message or a test cannot go unnoticed;
 * the settings' variables are exactly ``Settings._ENV``'s, and a child process given
   ``Settings.env()`` gets the same settings back;
 * outside ``base/env.py`` no code under the five packages or ``bench/`` writes a variable's

@@ -1,4 +1,4 @@
-"""Input limits (README, "Input limits"): the SDK refuses at the call with a ValueError naming the
+"""Input limits (docs/sdk-and-tracing.md, "Input limits"): the SDK refuses at the call with a ValueError naming the
 field and the limit; the streams refuse what other writers send past them, count it, log a few
 lines, and keep every other record's figures exact."""
 

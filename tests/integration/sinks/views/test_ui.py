@@ -6,7 +6,7 @@ While the sink holds the chDB store the page reads through its read endpoint; at
 pipeline stopped, from the store itself. Every figure checked on a page is compared with what the
 saved queries give (run the way ``rlpulse query --saved`` runs them) or with the spans as stored.
 Every request the browser makes is recorded: none may leave loopback. Each page's screenshot is
-written to docs/ui/ (the README shows them).
+written to docs/ui/ (docs/queries-and-views.md shows them).
 """
 
 from __future__ import annotations
