@@ -11,35 +11,28 @@ written to docs/ui/ (docs/queries-and-views.md shows them).
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
+from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.producers import TrainingTelemetry
 from rlpulse.producers.simulators.simulator import SimConfig, simulate
 from rlpulse.producers.tracing import Tracer
-from rlpulse.base.env import SPAN_CAP, UI_TOKEN
+from rlpulse.base.env import SPAN_CAP
 from rlpulse.base.settings import Settings
 from rlpulse.base.terminal import terminal_safe
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.read import queries
 from rlpulse.sinks.store.clickhouse import open_reader
-from tests.conftest import unavailable
+from tests.integration.sinks.views.browser import CHROMIUM, REPO, playwright_or_unavailable, ui_server
 from tests.integration import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
 pytest.importorskip("openai")
 
-REPO = Path(__file__).resolve().parents[4]
 SHOTS = REPO / "docs" / "ui"
-CHROMIUM = "/usr/bin/chromium"
 TOKEN = "ui-test-" + "5f3a9c" * 6
 HOSTILE = "<img src=x onerror=alert(1)>\x1b[2J\x1b]0;pwned\x07"
 SIM = SimConfig(project="uisim", runs=2, steps=4, rollouts_per_step=8, gpu=True, seed=11)
@@ -67,15 +60,10 @@ def shown(value: Any, digits: int = 4) -> str:
 
 @pytest.fixture(scope="module")
 def ran(module_settings: Settings) -> Any:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        unavailable("playwright is not installed (pip install -e '.[dev]' installs the pinned one)")
+    sync_playwright = playwright_or_unavailable()
     from tests.openai_server import FakeOpenAI
     from tests.traced_agent import Agent, Task
 
-    if not os.access(CHROMIUM, os.X_OK):
-        unavailable(f"{CHROMIUM} is missing (apt-get install chromium, or `make browser`)")
     settings = module_settings
     ensure_topics(settings)
     tasks = [Task(step=s, rollout_id=f"r-{s}-{i}", sample_id="s-0", question=f"step {s}: what is 6*7? ({i})")
@@ -98,13 +86,7 @@ def ran(module_settings: Settings) -> Any:
             f"SELECT count() FROM $db.spans FINAL WHERE project = '{SIM.project}' AND run_id LIKE 'uisim-run%'": truth.spans,
             "SELECT count() FROM $db.spans FINAL WHERE run_id = 'agent'": 4 * 5,
             "SELECT count() FROM $db.step_stats FINAL": SIM.runs * SIM.steps + 2 + 1}))
-        env = {**settings_env(settings), "PYTHONPATH": str(REPO), UI_TOKEN: TOKEN}
-        ui = subprocess.Popen([sys.executable, "-m", "rlpulse.cli", "ui", "--port", "0"], env=env, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            lines = [ui.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
-            link = re.search(r"open (http://127\.0\.0\.1:\d+/\?token=\S+)", "".join(lines))
-            assert link, lines
+        with ui_server(settings, TOKEN) as link:
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
                 requests: list[str] = []
@@ -124,12 +106,9 @@ def ran(module_settings: Settings) -> Any:
                     return ctx
 
                 page = context().new_page()
-                yield {"settings": settings, "pipeline": pipeline, "link": link.group(1), "base": link.group(1).split("?")[0],
+                yield {"settings": settings, "pipeline": pipeline, "link": link, "base": link.split("?")[0],
                        "page": page, "context": context, "requests": requests, "dialogs": dialogs, "truth": truth}
                 browser.close()
-        finally:
-            ui.terminate()
-            ui.wait(timeout=30)
 
 
 def shot(page: Any, name: str, full: bool = True) -> None:

@@ -12,31 +12,24 @@ charts have a point at every step, and the run's checkpoint saves are what the s
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rlpulse.base.env import UI_TOKEN
 from rlpulse.base.settings import Settings
 from rlpulse.demo import demo_config, demo_settings, simulate_signals
-from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
+from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.producers.simulators.simulator import simulate
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.read import queries
 from rlpulse.sinks.store.clickhouse import open_reader
-from tests.conftest import unavailable
 from tests.integration import until
+from tests.integration.sinks.views.browser import CHROMIUM, playwright_or_unavailable, ui_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
 
-REPO = Path(__file__).resolve().parents[4]
-CHROMIUM = "/usr/bin/chromium"
 TOKEN = "ui-demo-test-" + "9c3a5f" * 6
 PROJECT = "uidemo"
 RUN = f"{PROJECT}-run1"  # the run the demo's engine samples belong to
@@ -55,12 +48,7 @@ def saved(settings: Settings, name: str, **params: Any) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def demo_page(module_settings: Settings) -> Any:
     """The first run's page, rendered in chromium after the demo's workload is in ClickHouse."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        unavailable("playwright is not installed (pip install -e '.[dev]' installs the pinned one)")
-    if not os.access(CHROMIUM, os.X_OK):
-        unavailable(f"{CHROMIUM} is missing (apt-get install chromium, or `make browser`)")
+    sync_playwright = playwright_or_unavailable()
     settings = demo_settings(module_settings)
     ensure_topics(settings)
     config = demo_config(PROJECT)
@@ -82,22 +70,12 @@ def demo_page(module_settings: Settings) -> Any:
             f"SELECT count() FROM (SELECT DISTINCT rule, key, state FROM $db.alerts WHERE {ours})":
                 len(truth.expected_alerts) + 2}))  # and engine_saturated FIRING, RESOLVED
         pipeline.stop()
-    env = {**settings_env(settings), "PYTHONPATH": str(REPO), UI_TOKEN: TOKEN}
-    ui = subprocess.Popen([sys.executable, "-m", "rlpulse.cli", "ui", "--port", "0"], env=env, cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        lines = [ui.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
-        link = re.search(r"open (http://127\.0\.0\.1:\d+/)\?token=\S+", "".join(lines))
-        assert link, lines
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            page.goto(f"{link.group(1)}run?project={PROJECT}&run={RUN}&attempt=1&token={TOKEN}")
-            yield {"settings": settings, "truth": truth, "config": config, "page": page, "html": page.content()}
-            browser.close()
-    finally:
-        ui.terminate()
-        ui.wait(timeout=30)
+    with ui_server(settings, TOKEN) as link, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.goto(f"{link.split('?')[0]}run?project={PROJECT}&run={RUN}&attempt=1&token={TOKEN}")
+        yield {"settings": settings, "truth": truth, "config": config, "page": page, "html": page.content()}
+        browser.close()
 
 
 def test_no_panel_of_the_run_page_says_no_data(demo_page: Any) -> None:
