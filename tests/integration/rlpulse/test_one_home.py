@@ -129,8 +129,15 @@ def test_bare_demo_then_a_bare_saved_query_answers_with_the_demos_rows(home: Hom
             printed[(cells[0], cells[3])] = printed.get((cells[0], cells[3]), 0) + int(cells[4])
     assert len({run for run, _ in printed}) == 3, demo.stdout
 
-    query = home.run("query", "--saved", "failures-by-cause", "--param", "since=2000-01-01 00:00:00",
-                     "--param", "until=2100-01-01 00:00:00", "--format", "json", cwd=tmp_path)
+    # the demo ends saying what to open next; its saved query, run as printed, answers with its rows
+    assert "== open next ==" in demo.stdout, demo.stdout[-2000:]
+    assert re.search(r"^  \S*rlpulse ui$", demo.stdout, re.MULTILINE), demo.stdout[-2000:]
+    assert f"rlpulse watch --project {project} --metric loss --metric kl" in demo.stdout
+    printed_query = re.search(r"rlpulse query --saved failures-by-cause --param since='([^']+)' --param until='([^']+)'",
+                              demo.stdout)
+    assert printed_query, demo.stdout[-2000:]
+    query = home.run("query", "--saved", "failures-by-cause", "--param", f"since={printed_query.group(1)}",
+                     "--param", f"until={printed_query.group(2)}", "--format", "json", cwd=tmp_path)
     assert query.returncode == 0, query.stderr
     answered: dict[tuple[str, str], int] = {}
     for row in json.loads(query.stdout):
