@@ -46,6 +46,7 @@ def end_offsets(settings: Settings, short: str) -> int:
     return sum(offsets(settings, shorts=(short,))[0].values())
 
 
+@pytest.mark.full  # a sink run of ~8 s: make test-all (make test keeps the replay's refusal of foreign topics)
 def test_replay_republishes_what_matches_once_and_the_sink_writes_it(settings: Settings) -> None:
     ensure_topics(settings)
     big_spans = CODEC.encode("Span", [span(100 + i) for i in range(60)])
