@@ -16,7 +16,15 @@ import argparse
 import base64
 import hmac
 import json
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from rlpulse.base.terminal import terminal_safe
+
+MAX_BODY = 64 * 1024  # an alert is well under 2 KiB; anything larger is refused before it is read
+TIMEOUT_S = 10.0  # a client that stalls mid-request is dropped
+SEEN_IDS = 10_000  # ids remembered to drop re-posts; the oldest are forgotten past this
+FIELDS = ("alert_id", "state", "rule", "key", "severity", "summary")
 
 
 def main() -> None:
@@ -25,29 +33,51 @@ def main() -> None:
     parser.add_argument("--password", help="require HTTP Basic auth with this password (any user name)")
     parser.add_argument("--exit-after", type=int, default=0, metavar="N", help="stop after N distinct alerts")
     args = parser.parse_args()
-    seen: set[str] = set()  # alert ids already printed: a re-post of one is answered, not printed again
+    seen: OrderedDict[str, None] = OrderedDict()  # ids already printed: a re-post is answered, not printed again
+    printed = 0
 
     class Receiver(BaseHTTPRequestHandler):
+        timeout = TIMEOUT_S
+
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            nonlocal printed
+            # Anyone who can reach the port may send anything: authenticate before reading a byte of
+            # the body, and bound its size. A 4xx other than 408/425/429 makes rlpulse give up at once.
             if args.password is not None and not self._authorized():
-                self.send_response(401)  # a 4xx other than 408/425/429: rlpulse gives this alert up at once
-            else:
-                alert = json.loads(body)
-                if alert["alert_id"] not in seen:
-                    seen.add(alert["alert_id"])
-                    print(f"{alert['state']} {alert['rule']} {alert['key']} [{alert['severity']}] {alert['summary']} "
-                          f"(id {alert['alert_id']})", flush=True)
-                self.send_response(204)  # any 2xx: delivered, rlpulse commits past it
+                return self._answer(401)
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                return self._answer(411)
+            if not 0 <= length <= MAX_BODY:
+                return self._answer(413)
+            try:
+                alert = json.loads(self.rfile.read(length))
+                values = [str(alert[f]) for f in FIELDS]
+            except (ValueError, TypeError, KeyError):
+                return self._answer(400)
+            if values[0] not in seen:
+                seen[values[0]] = None
+                if len(seen) > SEEN_IDS:
+                    seen.popitem(last=False)
+                printed += 1
+                # values come from a topic anyone may write to: control characters print as escapes
+                alert_id, state, rule, key, severity, summary = (terminal_safe(v) for v in values)
+                print(f"{state} {rule} {key} [{severity}] {summary} (id {alert_id})", flush=True)
+            self._answer(204)  # any 2xx: delivered, rlpulse commits past it
+
+        def _answer(self, status: int) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
             self.end_headers()
 
         def _authorized(self) -> bool:
             scheme, _, encoded = self.headers.get("Authorization", "").partition(" ")
             try:
-                password = base64.b64decode(encoded).decode().partition(":")[2]
+                password = base64.b64decode(encoded, validate=True).partition(b":")[2]
             except ValueError:
                 return False
-            return scheme == "Basic" and hmac.compare_digest(password, args.password)
+            return scheme == "Basic" and hmac.compare_digest(password, args.password.encode())
 
         def log_message(self, *_: object) -> None:  # quiet: one line per alert is enough
             pass
@@ -55,7 +85,7 @@ def main() -> None:
     server = HTTPServer(("127.0.0.1", args.port), Receiver)
     print(f"listening on http://127.0.0.1:{server.server_address[1]}/alerts", flush=True)
     try:
-        while not args.exit_after or len(seen) < args.exit_after:
+        while not args.exit_after or printed < args.exit_after:
             server.handle_request()  # one request at a time, as rlpulse posts them
     except KeyboardInterrupt:
         pass

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from rlpulse import commands
+from rlpulse import commands, reference
 from rlpulse.base import env as envvars
 from rlpulse.base.terminal import TerminalSafeFormatter, terminal_safe_lines
 
@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reference", help="write docs/reference/ from the code's catalogue (--check: exit 1 when stale)")
     p.add_argument("--out", default="docs/reference", help="the folder of the pages (default docs/reference)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the pages that are stale")
-    p.set_defaults(func=lambda a: __import__("rlpulse.reference", fromlist=["cmd"]).cmd(a))
+    p.set_defaults(func=reference.cmd)
     return parser
 
 

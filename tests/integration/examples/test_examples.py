@@ -11,6 +11,8 @@ test, elsewhere it skips saying why.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import re
 import subprocess
 import sys
@@ -177,3 +179,38 @@ def test_alert_webhook(settings: Settings) -> None:
     assert receiver.returncode == 0
     assert printed == [f"{a['state']} stalled_run ex/r1/1 [critical] run r1 {a['state'].lower()} (id {alert_id(a)})"
                        for a in sent]
+
+
+def test_alert_webhook_refuses_what_is_not_an_authenticated_bounded_alert() -> None:
+    """The receiver is a listening port: without the password nothing is read, a body over its
+    bound or not an alert is refused, and a hostile summary prints as escapes, not as control bytes."""
+    import http.client
+
+    receiver = subprocess.Popen([sys.executable, str(EXAMPLES / "alert_webhook.py"), "--port", "0", "--password",
+                                 "hook-pw", "--exit-after", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        port = int(re.match(r"listening on http://127\.0\.0\.1:(\d+)/", receiver.stdout.readline()).group(1))  # type: ignore[union-attr]
+
+        def post(body: bytes, auth: str | None = "rlpulse:hook-pw", length: int | None = None) -> int:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            headers = {"Content-Length": str(len(body) if length is None else length)}
+            if auth is not None:
+                headers["Authorization"] = "Basic " + base64.b64encode(auth.encode()).decode()
+            conn.request("POST", "/alerts", body=body if length is None else b"", headers=headers)
+            status = conn.getresponse().status
+            conn.close()
+            return status
+
+        hostile = {"alert_id": "a1", "state": "FIRING", "rule": "xid", "key": "GPU-1", "severity": "critical",
+                   "summary": "boom\x1b]0;pwned\x07\nFAKE line"}
+        assert post(json.dumps(hostile).encode(), auth=None) == 401
+        assert post(json.dumps(hostile).encode(), auth="rlpulse:wrong") == 401
+        assert post(json.dumps(hostile).encode(), auth="rlpulse:pässwort") == 401
+        assert post(b"", length=10 * 1024 * 1024) == 413  # refused on its header: the 10 MiB is never sent
+        assert post(b"{not json") == 400
+        assert post(json.dumps({"alert_id": "a2"}).encode()) == 400
+        assert post(json.dumps(hostile).encode()) == 204
+        printed = receiver.communicate(timeout=30)[0].splitlines()
+    finally:
+        receiver.kill() if receiver.poll() is None else None
+    assert printed == ["FIRING xid GPU-1 [critical] boom\\x1b]0;pwned\\x07\\nFAKE line (id a1)"]
