@@ -288,3 +288,10 @@ def finish_llm(span: OpenSpan, response: Any, error: BaseException | None) -> No
                 span.entry.output_tokens = (span.entry.output_tokens or 0) + tokens_out
             span.entry.finish_reason = reason or span.entry.finish_reason
     span.tracer.finish(span, error)
+
+
+def outgoing_headers(span: OpenSpan) -> dict[str, str]:
+    """The headers a request made inside ``span`` carries so that a server-side span joins it: W3C
+    ``traceparent``, rlpulse's ``baggage`` and seed 003's ``x-rollout-id`` / ``x-attempt-id`` /
+    ``x-sequence-id``. (Filled in by the propagation work; empty until then.)"""
+    return {}

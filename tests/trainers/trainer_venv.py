@@ -53,9 +53,9 @@ def sdk_key(root: Path = ROOT) -> str:
     return digest.hexdigest()
 
 
-def framework_key() -> str:
+def framework_key(requirements: Path = REQUIREMENTS) -> str:
     version = ".".join(map(str, sys.version_info[:3]))
-    return hashlib.sha256(f"python {version}\n{REQUIREMENTS.read_text()}".encode()).hexdigest()
+    return hashlib.sha256(f"python {version}\n{requirements.read_text()}".encode()).hexdigest()
 
 
 def _run(cmd: list[str], what: str, log: Callable[[str], None]) -> None:
@@ -74,21 +74,25 @@ def python(venv: Path = VENV) -> Path:
     return venv / "bin" / "python"
 
 
-def is_current(venv: Path = VENV, root: Path = ROOT) -> bool:
-    return (python(venv).exists() and _read(venv / FRAMEWORK_KEY) == framework_key()
+def is_current(venv: Path = VENV, root: Path = ROOT, requirements: Path = REQUIREMENTS) -> bool:
+    return (python(venv).exists() and _read(venv / FRAMEWORK_KEY) == framework_key(requirements)
             and _read(venv / SDK_KEY) == sdk_key(root))
 
 
-def ensure(venv: Path = VENV, root: Path = ROOT, log: Callable[[str], None] = print) -> Path:
-    """The venv's python, building what is missing or stale; raises VenvError (with pip's output)."""
-    key = framework_key()
+def ensure(venv: Path = VENV, root: Path = ROOT, log: Callable[[str], None] = print,
+           requirements: Path = REQUIREMENTS) -> Path:
+    """The venv's python, building what is missing or stale; raises VenvError (with pip's output).
+
+    ``requirements``: the framework layer's pinned packages (another file makes another venv, as
+    ``tests/agents/agent_venv.py`` does for the agent stacks)."""
+    key = framework_key(requirements)
     if not python(venv).exists() or _read(venv / FRAMEWORK_KEY) != key:
         shutil.rmtree(venv, ignore_errors=True)
         # the interpreter behind this one (a venv's python makes a venv of its base interpreter)
         _run([sys.executable, "-m", "venv", str(venv)], "create the venv", log)
         _run([str(python(venv)), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], "upgrade pip", log)
-        _run([str(python(venv)), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)],
-             f"install {REQUIREMENTS.name}", log)
+        _run([str(python(venv)), "-m", "pip", "install", "--quiet", "-r", str(requirements)],
+             f"install {requirements.name}", log)
         (venv / FRAMEWORK_KEY).write_text(key + "\n")
         (venv / SDK_KEY).unlink(missing_ok=True)
     key = sdk_key(root)
