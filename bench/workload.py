@@ -126,8 +126,12 @@ class Writer:
 
 
 def _base(project: str, run_id: str, time_ns: int, writer: Writer, short: str) -> dict[str, Any]:
-    return {"project": project, "run_id": run_id, "attempt": 1, "stage": "", "time_ns": time_ns,
-            "writer_id": writer.writer_id, "sequence_id": writer.next(short)}
+    seq = writer.next(short)
+    base = {"project": project, "run_id": run_id, "attempt": 1, "stage": "", "time_ns": time_ns,
+            "writer_id": writer.writer_id, "sequence_id": seq}
+    if short == "spans":  # as the SDK writes them: publish order in writer_sequence (the start order is
+        base["writer_sequence"] = seq  # the same here: each span is published as it starts)
+    return base
 
 
 def span_record(project: str, run_id: str, writer: Writer, *, kind: str, time_ns: int, step: int, rollout_id: str,

@@ -4,16 +4,17 @@ A run's spans and steps share the key ``project/run_id``, so they land on one pa
 processor sees all of the run. Its state is one :class:`Run` (one Faust table entry), written
 once per message. Time comes in as ``now_ns``; nothing here knows Kafka or Faust.
 
-* **Replays** are skipped by sequence marks: the highest ``sequence_id`` applied per (topic,
-  attempt, writer). A redelivered message, a replayed offset range after a crash, or a producer
-  retry changes nothing. A record without a sequence (``sequence_id`` 0) is always applied.
+* **Replays** are skipped by sequence marks: the highest publish-order id applied per (topic,
+  attempt, writer): a span's ``writer_sequence`` (its ``sequence_id`` when a writer older than that
+  field sent it), a step's ``sequence_id``. A redelivered message, a replayed offset range after a
+  crash, or a producer retry changes nothing. A record without a sequence (0) is always applied.
 * **Event time** decides lateness. A run's progress is the span time of its slowest writer
   (each writer's spans arrive in order), as a watermark is the minimum over its inputs; the
   steps topic, read independently and often far ahead in a backlog, does not move it. A grader
   window closes when progress passes its end plus the allowed lateness; a step when progress
   passes the step's end (its STEP event, a later step's first rollout, or RUN_END) plus the
   lateness. A backlog is therefore counted exactly however late it is processed.
-* **Ended runs** close at once: a writer's RUN_END names the last ``sequence_id`` it gave a span
+* **Ended runs** close at once: a writer's RUN_END names the last publish-order id it gave a span
   (``spans_sent``); when every stream of the run has ended and all it numbered is applied,
   nothing more will come, and every window and step of the run closes.
 * **Idle runs** close by the wall clock: no message of the run for ``idle_s``, counted from no
@@ -46,7 +47,8 @@ log = logging.getLogger(__name__)
 # The span fields the processor reads: the decoder may skip the rest (ids, names, attributes).
 SPAN_FIELDS = frozenset({"project", "run_id", "attempt", "time_ns", "kind", "term", "outcome", "step", "start_time_ns",
                          "end_time_ns", "reward", "clipped", "completion_tokens", "term_shares", "sample_id",
-                         "sequence_id", "writer_id", "policy_version", "checkpoint_op", "status_message"})
+                         "sequence_id", "writer_sequence", "writer_id", "policy_version", "checkpoint_op",
+                         "status_message"})
 
 ALL_IN = 2**62  # the progress of a run whose writers have all ended and whose every event is in
 INF = float("inf")
@@ -137,7 +139,8 @@ class RunProcessor:
                     attempt, writer = r["attempt"], r.get("writer_id", "")
                     stream = f"{topic}|{attempt}|{writer}"
                     last, latest = marks.get(stream, 0), None
-                seq = r.get("sequence_id") or 0
+                # publish order (a writer older than writer_sequence published in sequence_id order)
+                seq = r.get("writer_sequence") or r.get("sequence_id") or 0
                 if seq > 0:
                     if seq <= last:
                         self.duplicates += 1

@@ -18,12 +18,13 @@ import logging
 from typing import Protocol
 from collections.abc import Callable, Sequence
 
-from rlpulse.producers.sdk.containers import Container, Encoder
+from rlpulse.producers.sdk.containers import MESSAGE_OVERHEAD, Container, Encoder
 from rlpulse.base.errors import Error
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 5.0
+MIN_LEARNED_BYTES = 4096  # the least a refusal teaches the encoder to build to (a record over it is sent alone)
 
 
 class Message(Protocol):
@@ -119,7 +120,13 @@ class Delivery:
                 if result is None:
                     delivered.append(c)
                 elif isinstance(result, MessageTooLarge):
-                    split: list[Container] = []  # the destination's limit is below ours: halve and resend
+                    # The destination's limit is below ours. Build every later message, and the halves
+                    # of this one, to half the refused size: a half refused again while a later message
+                    # of the batch went through would arrive after it, and the streams would take its
+                    # records for replays (their marks are per writer, in publish order).
+                    floor = MIN_LEARNED_BYTES + len(c.key) + MESSAGE_OVERHEAD
+                    self.encoder.max_message_bytes = max(min(self.encoder.max_message_bytes, len(c.value) // 2), floor)
+                    split: list[Container] = []
                     self.encoder.halve(split, c, lost, f"the destination refused {len(c.value)} bytes as too large")
                     failed.extend(split)
                 else:

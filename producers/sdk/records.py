@@ -11,7 +11,9 @@ import random
 from typing import Any
 from collections.abc import Callable
 
-SPAN_NULLS: dict[str, Any] = dict(parent_span_id=None, status_message="", attempt_id="", step=None, attributes={}, term=None,
+from rlpulse.producers.sdk.sequence import StartSequence
+
+SPAN_NULLS: dict[str, Any] = dict(writer_sequence=0, parent_span_id=None, status_message="", attempt_id="", step=None, attributes={}, term=None,
                   outcome=None, score=None, judge_input_tokens=None, judge_output_tokens=None, reward=None,
                   term_shares={}, completion_tokens=None, max_tokens=None, clipped=None, sample_id=None,
                   policy_version=None, finish_reason=None, checkpoint_op=None, checkpoint_bytes=None)
@@ -39,17 +41,19 @@ class Records:
     """
 
     def __init__(self, run_id: str, attempt: int, span_base: dict[str, Any], step_base: dict[str, Any],
-                 dropped: Callable[[], int]):
+                 dropped: Callable[[], int], starts: Callable[[], StartSequence]):
         self.run_id, self.attempt = run_id, attempt
         self.span_base, self.step_base, self.dropped = span_base, step_base, dropped
+        self.starts = starts  # the writer's start-order clock (a forked child's writer gets a new one)
 
     def rollout(self, seq: int, a: tuple) -> dict[str, Any]:
         now, step, rollout_id, reward, shares, completion_tokens, max_tokens, clipped, sample_id, duration_s, attrs = a[:11]
         version, finish = a[11:]
         ids = f"{self.run_id}/{self.attempt}/{rollout_id}"
-        return {**self.span_base, "sequence_id": seq, "time_ns": now, "trace_id": trace_id(ids),
-                "span_id": span_id(f"{ids}/rollout"), "name": "rollout", "kind": "ROLLOUT",
-                "start_time_ns": now - int(duration_s * 1e9), "end_time_ns": now, "rollout_id": rollout_id,
+        start = now - int(duration_s * 1e9)
+        return {**self.span_base, "writer_sequence": seq, "sequence_id": self.starts().at(start), "time_ns": now,
+                "trace_id": trace_id(ids), "span_id": span_id(f"{ids}/rollout"), "name": "rollout", "kind": "ROLLOUT",
+                "start_time_ns": start, "end_time_ns": now, "rollout_id": rollout_id,
                 "step": step, "attributes": attrs or {}, "reward": reward, "term_shares": shares,
                 "completion_tokens": completion_tokens, "max_tokens": max_tokens, "clipped": clipped,
                 "sample_id": sample_id, "policy_version": version, "finish_reason": finish}
@@ -60,8 +64,8 @@ class Records:
         ok = outcome == "ok"
         # The span's own end is its event time: windows count a grading when it happened, not
         # when it was published.
-        return {**self.span_base, "sequence_id": seq, "time_ns": end, "trace_id": trace_id(ids),
-                "span_id": random_span_id(), "parent_span_id": span_id(f"{ids}/rollout"), "name": f"grader {term}",
+        return {**self.span_base, "writer_sequence": seq, "sequence_id": self.starts().at(start), "time_ns": end,
+                "trace_id": trace_id(ids), "span_id": random_span_id(), "parent_span_id": span_id(f"{ids}/rollout"), "name": f"grader {term}",
                 "kind": "GRADER", "start_time_ns": start, "end_time_ns": end,
                 "status": "OK" if ok else "ERROR", "status_message": "" if ok else outcome, "rollout_id": rollout_id,
                 "step": step, "term": term, "outcome": outcome,
@@ -69,8 +73,10 @@ class Records:
                 "judge_input_tokens": input_tokens, "judge_output_tokens": output_tokens}
 
     def span(self, seq: int, fields: dict[str, Any]) -> dict[str, Any]:
-        # publish_span left out the writer's own fields (identity, writer_id, sequence_id)
-        return {**self.span_base, **fields, "sequence_id": seq}
+        # publish_span left out the writer's own fields (identity, writer_id, writer_sequence); a traced
+        # span brings the sequence_id its tracer took when it started, any other gets its start time's
+        return {**self.span_base, **fields, "writer_sequence": seq,
+                "sequence_id": fields.get("sequence_id") or self.starts().at(fields["start_time_ns"])}
 
     def step(self, seq: int, a: tuple) -> dict[str, Any]:
         now, type_, step, step_count, tokens, duration_s, mfu, spans_sent, metrics, status = a

@@ -14,7 +14,7 @@ from rlpulse.schemas.enums import SPAN_KINDS
 # Encoded bytes of a span's fixed fields (ids, times, numbers, enum and union indexes), for
 # the too-large check; the variable ones (strings, maps) are added from their lengths.
 SPAN_ENCODED_BYTES = 160
-OWN_FIELDS = frozenset(("project", "run_id", "attempt", "stage", "writer_id", "sequence_id"))  # set by the writer
+OWN_FIELDS = frozenset(("project", "run_id", "attempt", "stage", "writer_id", "writer_sequence"))  # set by the writer
 
 
 def span_fields(span: Mapping[str, Any], check: Callable[..., None], limit: int, base: int) -> dict[str, Any]:
@@ -30,6 +30,8 @@ def span_fields(span: Mapping[str, Any], check: Callable[..., None], limit: int,
     for name in ("time_ns", "trace_id", "span_id", "name", "start_time_ns", "end_time_ns"):
         if fields.get(name) is None:
             raise ValueError(f"span field {name} is required")
+    if fields.get("sequence_id") is not None:  # a traced span's start-order id (rlpulse.producers.sdk.sequence)
+        v.require_long("sequence_id", fields["sequence_id"], minimum=1)
     check("Span", fields, complete=False)
     v.check_span_limits(fields)
     v.require_count("step", fields.get("step"))

@@ -25,6 +25,7 @@ from rlpulse.producers.sdk.queue import (DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_
                              STEP_QUEUED_BYTES, STEPS, Channel)
 from rlpulse.producers.sdk.records import SPAN_NULLS, Records
 from rlpulse.producers.sdk.sender import DEFAULT_BUFFER_BYTES, Sender, SenderConfig
+from rlpulse.producers.sdk.sequence import StartSequence
 from rlpulse.producers.sdk.span_fields import SPAN_ENCODED_BYTES
 from rlpulse.producers.sdk.writer import SenderFaces
 from rlpulse.schemas.catalogue import run_key
@@ -92,7 +93,9 @@ class TrainingTelemetry(SenderFaces):
                         writer_id=self.writer_id)
         self._span_base = {**SPAN_NULLS, **identity, "status": "OK"}
         self._step_base = {**identity, "trainer": self.trainer}
-        records = Records(self.run_id, attempt, self._span_base, self._step_base, lambda: self._sender.dropped)
+        self.sequence = StartSequence(clock)  # the start order of this writer's spans (rlpulse.producers.sdk.sequence)
+        records = Records(self.run_id, attempt, self._span_base, self._step_base, lambda: self._sender.dropped,
+                          lambda: self.sequence)
         self._rollout_channel = Channel(spans, self.key, "Span", records.rollout)
         self._grader_channel = Channel(spans, self.key, "Span", records.grader)
         self._span_channel = Channel(spans, self.key, "Span", records.span)
@@ -409,6 +412,7 @@ class TrainingTelemetry(SenderFaces):
         self._put = self._sender.queue.put
         self.writer_id = os.urandom(8).hex()
         self._span_base["writer_id"] = self._step_base["writer_id"] = self.writer_id
+        self.sequence = StartSequence(self._clock)  # a writer of its own: its own tag (and a lock made anew)
         self._terms_lock, self._step_lock = threading.Lock(), threading.Lock()
         self._stop_heartbeat = threading.Event()
         self._heartbeat_thread = None

@@ -56,8 +56,10 @@ class SenderFaces:
         """Queue one span given as Span record fields (what ``rlpulse.producers.sdk.otel`` converts a span to).
 
         ``time_ns``, ``trace_id``, ``span_id``, ``name``, ``kind``, ``start_time_ns`` and
-        ``end_time_ns`` are required; the identity, ``writer_id`` and ``sequence_id`` are this
-        writer's and override any given. Returns False when the buffer was full (counted in
+        ``end_time_ns`` are required; the identity, ``writer_id`` and ``writer_sequence`` are this
+        writer's and override any given. ``sequence_id`` (the start order, see
+        ``rlpulse.producers.sdk.sequence``) is kept when given, as a tracer takes it when the span
+        starts; else it is the id of ``start_time_ns``. Returns False when the buffer was full (counted in
         ``dropped``); raises ValueError naming the field for a value the Span schema refuses (NaN,
         infinity, an int beyond Avro long, a lone surrogate, a wrong type or kind) or a span that
         can never fit a message.

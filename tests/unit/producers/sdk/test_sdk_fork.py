@@ -60,7 +60,7 @@ def in_child(body: Callable[[], Any]) -> Any:
 
 
 def queued(tel: TrainingTelemetry) -> list[list[Any]]:
-    return [[topic, r["writer_id"], r["sequence_id"], r.get("type") or r.get("rollout_id")]
+    return [[topic, r["writer_id"], r.get("writer_sequence") or r["sequence_id"], r.get("type") or r.get("rollout_id")]
             for topic, _, r in tel.sender.queued_records()]
 
 

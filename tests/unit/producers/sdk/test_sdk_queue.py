@@ -49,7 +49,7 @@ def test_sequence_ids_per_writer_per_topic_under_eight_threads():
     spans, steps = topics["q.spans"], topics["q.steps"]
     # In queue order (the order they reach Kafka) the ids are 1, 2, 3, ... with no gap or repeat,
     # each topic numbered on its own.
-    assert [r["sequence_id"] for r in spans] == list(range(1, 8 * per_thread * 2 + 1))
+    assert [r["writer_sequence"] for r in spans] == list(range(1, 8 * per_thread * 2 + 1))
     assert [r["sequence_id"] for r in steps] == list(range(1, 8 * (per_thread // 10) + 1))
     # step_count was taken in the same step as the sequence id, so it rises with it
     assert [r["step_count"] for r in steps] == list(range(1, len(steps) + 1))
@@ -65,7 +65,7 @@ def test_each_writer_has_its_own_id_and_sequences():
         tel.heartbeat()
         tel.rollout(step=0, rollout_id="x", reward=0.0)
     for tel in (a, b):
-        assert [(t, r["sequence_id"]) for t, _, r in tel.sender.queued_records()] == [("q.steps", 1), ("q.spans", 1)]
+        assert [(t, r.get("writer_sequence") or r["sequence_id"]) for t, _, r in tel.sender.queued_records()] == [("q.steps", 1), ("q.spans", 1)]
 
 
 def test_full_buffer_drops_counts_and_logs_once(caplog):
@@ -77,7 +77,7 @@ def test_full_buffer_drops_counts_and_logs_once(caplog):
     assert 0 < accepted < 500 and tel.dropped == 500 - accepted
     assert len([r for r in caplog.records if "buffer full" in r.getMessage()]) == 1  # at most every 10 s
     # Dropped events take no sequence id: what was accepted is numbered without gaps.
-    assert [r["sequence_id"] for _, _, r in tel.sender.queued_records()] == list(range(1, accepted + 1))
+    assert [r["writer_sequence"] for _, _, r in tel.sender.queued_records()] == list(range(1, accepted + 1))
 
 
 def test_delivery_frees_the_budget():
@@ -135,7 +135,7 @@ def test_encoder_groups_and_splits_by_count_and_bytes():
     assert all(c.key == b"p/r" and len(c.value) + len(c.key) < 64 * 1024 for c in containers)
     assert all(record_count(c.value) <= 100 for c in spans) and len(spans) >= 5
     codec = Codec()
-    ids = [r["sequence_id"] for c in spans for r in codec.decode(c.value).records]
+    ids = [r["writer_sequence"] for c in spans for r in codec.decode(c.value).records]
     assert ids == list(range(1, 451))  # every record, in order, once
     assert [r["type"] for c in containers if c.topic == "q.steps" for r in codec.decode(c.value).records] == ["HEARTBEAT"] * 9
 
@@ -216,7 +216,9 @@ def test_publish_span_takes_this_writers_identity_and_sequence():
     with pytest.raises(ValueError, match=r"attributes\['k'\] is"):
         tel.publish_span(dict(fields, attributes={"k": "v" * 2_000_000}))
     [(_, _, record)] = tel.sender.queued_records()
-    assert (record["project"], record["sequence_id"], record["writer_id"]) == ("p", 1, tel.writer_id)
+    # the writer's identity and publish order; a sequence_id given (a tracer's start order) is kept
+    assert (record["project"], record["writer_sequence"], record["sequence_id"], record["writer_id"]) == \
+        ("p", 1, 99, tel.writer_id)
     Codec().encode("Span", [record])
 
 

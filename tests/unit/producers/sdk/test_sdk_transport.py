@@ -20,6 +20,7 @@ import pytest
 from rlpulse.producers import AsyncTrainingTelemetry, InMemoryTransport, TrainingTelemetry
 from rlpulse.producers.sdk.records import span_id, trace_id
 from rlpulse.producers.sdk.sender import SenderConfig
+from rlpulse.producers.sdk.sequence import TAG_BITS
 from rlpulse.schemas import enums
 from rlpulse.schemas.codec import load_schemas, record_count
 from rlpulse.base.settings import Settings
@@ -41,7 +42,9 @@ def test_calls_arrive_as_exactly_the_records_given():
         tel.grader(step=3, rollout_id="a", term="judge", outcome="timeout", duration_s=1.0, score=0.9, input_tokens=11)
         tel.grader(step=3, rollout_id="a", term="format", outcome="ok", duration_s=0.5, score=1.0)
         tel.step_completed(step=3, tokens=4000, duration_s=2.0, mfu=0.25)
-        writer = tel.writer_id
+        writer, tag = tel.writer_id, tel.sequence.tag
+    # sequence_id is the start order (rlpulse.producers.sdk.sequence): this fake clock is before its
+    # 2020 epoch, so the ticks start at 1 and count up in start order, still unique in the writer
     assert {(topic, key) for topic, key, _ in transport.messages} == {("mem.spans", b"p/r"), ("mem.steps", b"p/r")}
     identity = dict(project="p", run_id="r", attempt=1, stage="rl", writer_id=writer, time_ns=NOW, end_time_ns=NOW)
     nulls = dict(parent_span_id=None, status_message="", attempt_id="", attributes={}, term=None, outcome=None, score=None,
@@ -50,15 +53,15 @@ def test_calls_arrive_as_exactly_the_records_given():
                  checkpoint_op=None, checkpoint_bytes=None, metrics={})
     rollout_span = span_id("r/1/a/rollout")
     expected_spans = [
-        {**nulls, **identity, "sequence_id": 1, "trace_id": trace_id("r/1/a"), "span_id": rollout_span, "name": "rollout",
+        {**nulls, **identity, "writer_sequence": 1, "sequence_id": 1 << TAG_BITS | tag, "trace_id": trace_id("r/1/a"), "span_id": rollout_span, "name": "rollout",
          "kind": "ROLLOUT", "start_time_ns": NOW - 2_000_000_000, "status": "OK", "rollout_id": "a", "step": 3,
          "attributes": {"t": 0.5}, "reward": 0.75, "term_shares": {"judge": 0.5, "format": 0.25},
          "completion_tokens": 1024, "max_tokens": 1024, "clipped": True, "sample_id": "prompt-1"},
-        {**nulls, **identity, "sequence_id": 2, "trace_id": trace_id("r/1/a"), "parent_span_id": rollout_span,
+        {**nulls, **identity, "writer_sequence": 2, "sequence_id": 2 << TAG_BITS | tag, "trace_id": trace_id("r/1/a"), "parent_span_id": rollout_span,
          "name": "grader judge", "kind": "GRADER", "start_time_ns": NOW - 1_000_000_000, "status": "ERROR",
          "status_message": "timeout", "rollout_id": "a", "step": 3, "term": "judge", "outcome": "timeout",
          "score": None, "judge_input_tokens": 11},  # a failed grader's score is no score
-        {**nulls, **identity, "sequence_id": 3, "trace_id": trace_id("r/1/a"), "parent_span_id": rollout_span,
+        {**nulls, **identity, "writer_sequence": 3, "sequence_id": 3 << TAG_BITS | tag, "trace_id": trace_id("r/1/a"), "parent_span_id": rollout_span,
          "name": "grader format", "kind": "GRADER", "start_time_ns": NOW - 500_000_000, "status": "OK",
          "rollout_id": "a", "step": 3, "term": "format", "outcome": "ok", "score": 1.0},
     ]
@@ -98,7 +101,7 @@ def test_sequence_ids_strictly_increase_per_topic_across_threads_and_messages():
     assert tel.close(10) == 0
     spans = transport.values("spans")
     assert len(spans) >= 16 and all(record_count(v) <= 50 for v in spans)
-    assert [r["sequence_id"] for r in transport.records("spans")] == list(range(1, 4 * 200 * 2 + 1))
+    assert [r["writer_sequence"] for r in transport.records("spans")] == list(range(1, 4 * 200 * 2 + 1))
     step_ids = [r["sequence_id"] for r in transport.records("steps")]
     assert step_ids == list(range(1, 1 + 4 * 10 + 2))  # RUN_START, 40 steps, RUN_END
 
@@ -149,7 +152,7 @@ def test_a_full_buffer_drops_and_counts_and_the_rest_arrives():
     spans = transport.records("spans")
     # What was accepted arrives, in call order, numbered without gaps (a dropped event takes no id).
     assert [r["rollout_id"] for r in spans] == [f"r{i}" for i in range(accepted_spans)]
-    assert [r["sequence_id"] for r in spans] == list(range(1, accepted_spans + 1))
+    assert [r["writer_sequence"] for r in spans] == list(range(1, accepted_spans + 1))
     # The run's last step event tells the streams how many events this writer dropped.
     assert transport.records("steps")[-1]["dropped_events"] == calls - accepted_spans
     assert tel.delivered == accepted_spans + 2 and tel.dropped == calls - accepted_spans
