@@ -24,12 +24,13 @@ MAX_NAME = 256  # the SDK's cap on ids and names; a longer term or sample id fro
 class StepFigures:
     """Rollouts of one (attempt, step): clipped ratio, reward and length histograms, sample groups."""
 
-    __slots__ = ("rollouts", "clipped", "reward_sum", "reward_sumsq", "completions", "completion_sum",
+    __slots__ = ("rollouts", "failed", "clipped", "reward_sum", "reward_sumsq", "completions", "completion_sum",
                  "completion_min", "completion_max", "hist", "lengths", "samples", "samples_dropped",
                  "terms_dropped", "end_ns", "last_ns", "closed", "dirty", "stale_n", "stale_sum", "stale_max", "_dicts")
 
     def __init__(self) -> None:
         self.rollouts = self.clipped = self.completions = self.completion_sum = 0
+        self.failed = 0  # ROLLOUT spans of the step with status ERROR: attempted, not scored, in no reward figure
         self.reward_sum = self.reward_sumsq = 0.0
         self.completion_min: int | None = None
         self.completion_max: int | None = None
@@ -119,6 +120,15 @@ class StepFigures:
         if self.closed:
             self.dirty = True
 
+    def add_failed(self, span: dict[str, Any]) -> None:
+        """A rollout that raised or returned a failed status: counted as attempted, kept out of every reward figure."""
+        self._dicts = None
+        if span["time_ns"] > self.last_ns:
+            self.last_ns = span["time_ns"]
+        self.failed += 1
+        if self.closed:
+            self.dirty = True
+
     def _hist(self, term: str, x: float) -> None:
         h = self.hist.get(term)
         if h is None:
@@ -129,7 +139,7 @@ class StepFigures:
         if self._dicts is None:
             self._dicts = ({t: h.to_dict() for t, h in self.hist.items()}, self.lengths.to_dict())
         hist, lengths = self._dicts
-        return {"rollouts": self.rollouts, "clipped": self.clipped, "reward_sum": self.reward_sum,
+        return {"rollouts": self.rollouts, "failed": self.failed, "clipped": self.clipped, "reward_sum": self.reward_sum,
                 "reward_sumsq": self.reward_sumsq, "completions": self.completions, "completion_sum": self.completion_sum,
                 "completion_min": self.completion_min, "completion_max": self.completion_max,
                 "hist": hist, "lengths": lengths,
@@ -147,6 +157,7 @@ class StepFigures:
         f.lengths = ExpHistogram.from_dict(d["lengths"])
         f.samples = {k: list(v) for k, v in d["samples"].items()}
         f.last_ns = d.get("last_ns", 0)  # absent from state written before it existed
+        f.failed = d.get("failed", 0)  # likewise
         f.stale_n, f.stale_sum, f.stale_max = d.get("stale", (0, 0, None))  # likewise
         return f
 
@@ -170,6 +181,7 @@ class StepFigures:
             "samples": len(groups), "samples_same_reward": same,
             "sample_reward_spread_mean": sum(spreads) / len(spreads) if spreads else 0.0,
             "staleness_max": self.stale_max, "staleness_mean": self.stale_sum / self.stale_n if self.stale_n else None,
+            "rollouts_attempted": n + self.failed, "rollouts_failed": self.failed,
             "complete": True, "emitted_at_ns": emitted_at_ns,
         }
 

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # The span fields the processor reads: the decoder may skip the rest (ids, names, attributes).
 SPAN_FIELDS = frozenset({"project", "run_id", "attempt", "time_ns", "kind", "term", "outcome", "step", "start_time_ns",
                          "end_time_ns", "reward", "clipped", "completion_tokens", "term_shares", "sample_id",
-                         "sequence_id", "writer_sequence", "writer_id", "policy_version", "checkpoint_op",
+                         "sequence_id", "writer_sequence", "writer_id", "status", "policy_version", "checkpoint_op",
                          "status_message"})
 
 ALL_IN = 2**62  # the progress of a run whose writers have all ended and whose every event is in
@@ -155,8 +155,11 @@ class RunProcessor:
                     kind = r["kind"]
                     if kind == "GRADER" and r.get("term") is not None:
                         self._grader(run, r)
-                    elif kind == "ROLLOUT" and r.get("step") is not None and r.get("reward") is not None:
-                        self._rollout(run, r)
+                    elif kind == "ROLLOUT" and r.get("step") is not None:
+                        if r.get("status") == "ERROR":  # attempted and failed: in no reward figure
+                            self._failed_rollout(run, r)
+                        elif r.get("reward") is not None:
+                            self._rollout(run, r)
                     elif kind == "CHECKPOINT":
                         out += [self._alert(run, a) for a in checkpoint_rule(AlertBook(run.alerts), r, now_ns)]
                 else:
@@ -210,13 +213,24 @@ class RunProcessor:
             log.warning("rollout of %s (attempt %s, writer %r, sequence %s) skipped: %s (%d skipped for this run)", run.key,
                         span["attempt"], span.get("writer_id"), span.get("sequence_id"), StepFigures.invalid(span), run.rejected)
             return
+        figures = self._step_of(run, span)
+        if figures is not None:
+            figures.add(span)
+
+    def _failed_rollout(self, run: Run, span: dict[str, Any]) -> None:
+        figures = self._step_of(run, span)
+        if figures is not None:
+            figures.add_failed(span)
+
+    def _step_of(self, run: Run, span: dict[str, Any]) -> StepFigures | None:
+        """The figures of the rollout span's step, opened if new; None (counted late) for a retired step."""
         attempt, step = str(span["attempt"]), span["step"]
         key = f"{attempt}|{step}"
         figures = run.steps.get(key)
         if figures is None:
             if step <= run.retired_steps.get(attempt, -1):
                 self._late(run, "rollout", key)
-                return
+                return None
             figures = run.steps[key] = StepFigures()
             figures.end_ns = run.step_ends.pop(key, None)
         if step > run.max_step.get(attempt, -1):
@@ -226,7 +240,7 @@ class RunProcessor:
                 a, s = k.split("|")
                 if a == attempt and int(s) < step and f.end_ns is None:
                     f.end_ns = span["time_ns"]
-        figures.add(span)
+        return figures
 
     def _step_event(self, run: Run, event: dict[str, Any], now_ns: int) -> list[Output]:
         book = AlertBook(run.alerts)

@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from rlpulse.producers.sdk.sequence import StartSequence
 
-SPAN_NULLS: dict[str, Any] = dict(writer_sequence=0, parent_span_id=None, status_message="", attempt_id="", step=None, attributes={}, term=None,
-                  outcome=None, score=None, judge_input_tokens=None, judge_output_tokens=None, reward=None,
-                  term_shares={}, completion_tokens=None, max_tokens=None, clipped=None, sample_id=None,
+SPAN_NULLS: dict[str, Any] = dict(writer_sequence=0, parent_span_id=None, status_message="", attempt_id="", step=None,
+                  attributes={}, term=None, outcome=None, score=None, judge_input_tokens=None, judge_output_tokens=None,
+                  reward=None, term_shares={}, completion_tokens=None, max_tokens=None, clipped=None, sample_id=None,
                   policy_version=None, finish_reason=None, checkpoint_op=None, checkpoint_bytes=None)
 
 
@@ -65,7 +65,8 @@ class Records:
         # The span's own end is its event time: windows count a grading when it happened, not
         # when it was published.
         return {**self.span_base, "writer_sequence": seq, "sequence_id": self.starts().at(start), "time_ns": end,
-                "trace_id": trace_id(ids), "span_id": random_span_id(), "parent_span_id": span_id(f"{ids}/rollout"), "name": f"grader {term}",
+                "trace_id": trace_id(ids), "span_id": random_span_id(), "parent_span_id": span_id(f"{ids}/rollout"),
+                "name": f"grader {term}",
                 "kind": "GRADER", "start_time_ns": start, "end_time_ns": end,
                 "status": "OK" if ok else "ERROR", "status_message": "" if ok else outcome, "rollout_id": rollout_id,
                 "step": step, "term": term, "outcome": outcome,

@@ -66,6 +66,12 @@ class StartSequence:
             self._remember(tick)
             return tick << TAG_BITS | self.tag
 
+    def last(self) -> int:
+        """The largest id ``take`` has given (0 before the first): what a request sent now propagates, so a
+        span started from it comes after every span this writer has started so far."""
+        with self._lock:
+            return self._last << TAG_BITS | self.tag if self._last else 0
+
     def at(self, start_ns: int) -> int:
         """The id of a span that started at ``start_ns`` and is published after the fact."""
         tick = max((start_ns - EPOCH_NS) // 1000, 1)

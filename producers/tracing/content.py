@@ -4,7 +4,10 @@ Attribute names follow OpenTelemetry's GenAI semantic conventions (``gen_ai.requ
 ``gen_ai.usage.input_tokens``, ``gen_ai.response.finish_reasons``, ``gen_ai.tool.name``, ...).
 Message content (``gen_ai.input.messages``, ``gen_ai.output.messages``, ``gen_ai.tool.definitions``,
 ``gen_ai.tool.call.arguments`` and ``.result``) is JSON in OpenAI's chat message shape, recorded
-only when the tracer's content switch is on, each attribute at most ``limit`` characters.
+only when the tracer's content switch is on, each attribute at most ``limit`` characters. A Responses
+API request and response (``responses_request``, ``responses_as_chat``) are read as their chat
+equivalents: instructions and input as messages, output text and function calls as the assistant's
+message, ``input_tokens`` / ``output_tokens`` as usage, the status as the finish reason.
 
 The cap keeps the JSON valid whenever it can: the longest strings are cut first, each ending in a
 marker that says how many characters it lost, and the span counts every character cut in
@@ -180,6 +183,8 @@ def response_attributes(response: Any, content: Content | None) -> tuple[dict[st
     string), its output tokens and its (first choice's) finish reason."""
     if isinstance(response, str):
         response = {"choices": [{"message": {"role": "assistant", "content": response}}]}
+    elif field(response, "object") == "response":  # the Responses API's, as a chat completion
+        response = responses_as_chat(response)
     elif field(response, "choices") is None and field(response, "role") is not None:  # a message alone
         response = {"choices": [{"message": response}]}
     attrs: dict[str, Any] = {}
@@ -208,6 +213,60 @@ def response_attributes(response: Any, content: Content | None) -> tuple[dict[st
     if content is not None and messages:
         content.put(attrs, "gen_ai.output.messages", [m for m in messages if m is not None])
     return attrs, tokens_out, reasons[0] if reasons else None
+
+
+# -- the Responses API (``client.responses.create``), read as a chat request and response ---------
+
+RESPONSES_PARAMS = {"model": "model", "max_output_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p"}
+_INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+def responses_request(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A Responses API request (``instructions``, ``input``, ``max_output_tokens``) as chat keywords, so
+    ``request_attributes`` reads it: the instructions as a system message, a string input as a user one."""
+    request = {chat: kwargs[name] for name, chat in RESPONSES_PARAMS.items() if name in kwargs}
+    messages: list[Any] = []
+    if isinstance(kwargs.get("instructions"), str):
+        messages.append({"role": "system", "content": kwargs["instructions"]})
+    given = kwargs.get("input")
+    if isinstance(given, str):
+        messages.append({"role": "user", "content": given})
+    elif isinstance(given, (list, tuple)):
+        messages.extend(given)
+    if messages:
+        request["messages"] = messages
+    if isinstance(kwargs.get("tools"), (list, tuple)):
+        request["tools"] = kwargs["tools"]
+    return request
+
+
+def responses_as_chat(response: Any) -> dict[str, Any]:
+    """A Responses API response as a chat completion: the output text as the assistant's content, its
+    function calls as tool calls, and a finish reason from the status (``completed``: ``stop``, or
+    ``tool_calls`` when it asked for a tool; ``incomplete`` for ``max_output_tokens``: ``length``)."""
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for item in field(response, "output") or []:
+        kind = field(item, "type")
+        if kind == "message":
+            texts.extend(str(field(p, "text")) for p in field(item, "content") or []
+                         if field(p, "type") == "output_text" and field(p, "text") is not None)
+        elif kind == "function_call":
+            calls.append({"id": field(item, "call_id"), "type": "function",
+                          "function": {"name": field(item, "name"), "arguments": field(item, "arguments")}})
+    status = field(response, "status")
+    if status == "completed":
+        reason: Any = "tool_calls" if calls else "stop"
+    elif status == "incomplete":
+        detail = field(field(response, "incomplete_details"), "reason")
+        reason = _INCOMPLETE.get(str(detail), detail or status)
+    else:
+        reason = status
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        message["tool_calls"] = calls
+    return {"id": field(response, "id"), "model": field(response, "model"), "usage": field(response, "usage"),
+            "choices": [{"index": 0, "message": message, "finish_reason": reason}]}
 
 
 def tool_content(content: Content, attrs: dict[str, Any], arguments: Mapping[str, Any], result: Any,

@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from typing import Any, TypeVar
 from collections.abc import Callable, Mapping
 
 from rlpulse.producers.sdk import events as v
 import rlpulse.producers.tracing.content as tc
+from rlpulse.producers.tracing.outputs import read_result
 from rlpulse.producers.tracing.spans import (CURRENT, DEFAULT_CONTENT_LIMIT, MAX_METRIC_NAME, MAX_METRIC_NAMES, Tracer, OpenSpan,
                                              bind_rollout, content_from_env, current_tracer, finish_llm, start_llm)
 from rlpulse.schemas.enums import SPAN_KINDS
@@ -88,7 +88,7 @@ def _infer_kind(fn: Callable[..., Any], args: tuple) -> str:
     return "REWARD" if any("reward" in n.lower() for n in names) else "ROLLOUT"
 
 
-def _wrap(fn: F, start: Callable[[tuple, dict], OpenSpan | None],
+def wrap_traced(fn: F, start: Callable[[tuple, dict], OpenSpan | None],
           finish: Callable[[OpenSpan, tuple, dict, Any, BaseException | None], None]) -> F:
     """``fn`` (sync or async) with a span opened by ``start`` around each call and closed by ``finish``.
 
@@ -163,11 +163,10 @@ def observe_processor(fn: F | None = None, *, kind: str | None = None, name: str
             return tracer.open_entry(kind or _infer_kind(f, args), name or f.__qualname__, _identity(signature, args, kwargs))
 
         def finish(span: OpenSpan, args: tuple, kwargs: dict, result: Any, error: BaseException | None) -> None:
-            if span.kind == "REWARD" and error is None and "reward" not in span.fields and _is_number(result) \
-                    and math.isfinite(result):  # a NaN score is no reward (set_reward would refuse it)
-                span.fields["reward"] = float(result)
+            if error is None:  # a score, metrics or a failed status in what it returned (seed 000's shapes)
+                read_result(span, result)
             span.tracer.finish(span, error)
-        return _wrap(f, start, finish)
+        return wrap_traced(f, start, finish)
     return _decorator(make, fn)
 
 
@@ -179,7 +178,7 @@ def observe_llm(fn: F | None = None, *, name: str | None = None) -> Any:
         def start(args: tuple, kwargs: dict) -> OpenSpan | None:
             tracer = current_tracer()
             return None if tracer is None else start_llm(tracer, name or f.__name__, kwargs)
-        return _wrap(f, start, lambda span, args, kwargs, result, error: finish_llm(span, result, error))
+        return wrap_traced(f, start, lambda span, args, kwargs, result, error: finish_llm(span, result, error))
     return _decorator(make, fn)
 
 
@@ -191,8 +190,9 @@ def observe_tool(fn: F | None = None, *, name: str | None = None) -> Any:
 
         def start(args: tuple, kwargs: dict) -> OpenSpan | None:
             tracer = current_tracer()
-            if tracer is None:
-                return None
+            current = CURRENT.get()
+            if tracer is None or (current is not None and current.kind == "TOOL" and current.name == tool[:v.MAX_NAME]):
+                return None  # already inside this tool's span (trace_tool around a function decorated here): one span
             span = tracer.open_child("TOOL", tool)
             span.attributes.update({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool[:v.MAX_NAME]})
             return span
@@ -205,7 +205,7 @@ def observe_tool(fn: F | None = None, *, name: str | None = None) -> Any:
                     bound = {"args": list(args), **kwargs}
                 tc.tool_content(span.content, span.attributes, tc.call_arguments(bound, bound), result, error is not None)
             span.tracer.finish(span, error)
-        return _wrap(f, start, finish)
+        return wrap_traced(f, start, finish)
     return _decorator(make, fn)
 
 

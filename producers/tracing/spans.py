@@ -16,12 +16,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from urllib.parse import quote
 from typing import Any, Protocol
 from collections.abc import Callable, Iterator, Mapping
 
 from rlpulse.producers.sdk import events as v
 import rlpulse.producers.tracing.content as tc
 from rlpulse.producers.sdk.records import random_span_id, span_id, trace_id
+from rlpulse.producers.sdk.sequence import StartSequence
 from rlpulse.base.env import TRACE_CONTENT
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class OpenSpan:
     output_tokens: int | None = None  # summed over an entry's LLM calls
     finish_reason: str | None = None  # its last LLM call's
     max_tokens: int | None = None  # its last LLM call's request
+    failure: str | None = None  # an entry whose result says it failed (seed 000's status / error): ERROR
+    sequence_id: int = 0  # taken when it opened (rlpulse.producers.sdk.sequence): start order across processes
 
 
 CURRENT: contextvars.ContextVar[OpenSpan | None] = contextvars.ContextVar("rlpulse_span", default=None)
@@ -86,11 +90,14 @@ class Tracer:
 
     ``content``: record message content (None: ``RLPULSE_TRACE_CONTENT``); ``content_limit``: the most
     characters of one content attribute (256 to 65,536). Active while installed (``with tracer:``
-    or ``install()``), for the whole process.
+    or ``install()``), for the whole process. ``stream_usage``: a traced streamed chat call without the
+    caller's ``stream_options`` asks for usage (the extra chunk is swallowed); ``token_ids``: record vLLM's
+    token ids and logprobs (capped); ``request_token_ids``: ask vLLM for them (``trace_client``).
     """
 
     def __init__(self, telemetry: SpanWriter | Any, content: bool | None = None, content_limit: int = DEFAULT_CONTENT_LIMIT,
-                 clock: Callable[[], int] = time.time_ns):
+                 clock: Callable[[], int] = time.time_ns, stream_usage: bool = True, token_ids: bool = False,
+                 request_token_ids: bool = False):
         if type(content_limit) is not int or not MIN_CONTENT_LIMIT <= content_limit <= v.MAX_VALUE:
             raise ValueError(f"content_limit must be an integer from {MIN_CONTENT_LIMIT} to {v.MAX_VALUE} "
                              f"(characters of one attribute), got {content_limit!r}")
@@ -101,6 +108,9 @@ class Tracer:
         self.content = content_from_env() if content is None else content
         self.content_limit = content_limit
         self.clock = clock
+        # the writer's start-order clock, so traced spans and tel.rollout/tel.grader spans share one order
+        self.sequence: StartSequence = getattr(self.telemetry, "sequence", None) or StartSequence(clock)
+        self.stream_usage, self.token_ids, self.request_token_ids = stream_usage, token_ids, request_token_ids
         self.published = 0  # spans handed to the telemetry (a full buffer counts in telemetry.dropped)
         self.refused = 0  # spans the Span schema or the input limits refused: logged, never raised
         self.content_cut = 0  # spans whose content the cap cut (rlpulse.content.cut_chars says how much)
@@ -154,13 +164,17 @@ class Tracer:
                 fields["policy_version"] = v.require_step("policy_version", pick("policy_version"))
         ids = f"{self.telemetry.run_id}/{self.telemetry.attempt}/{rollout_id}"
         rollout_span = span_id(f"{ids}/rollout")  # the ids TrainingTelemetry.rollout gives the rollout's span
+        remote = binding if parent is None and binding.get("remote_span_id") and \
+            binding.get("remote_rollout_id") == rollout_id else None  # a propagated context (continue_trace) of it
         if kind == "ROLLOUT":
             own, parent_id = rollout_span, None
         else:
             own = random_span_id()
-            parent_id = parent.span_id if parent is not None and parent.rollout_id == rollout_id else rollout_span
+            parent_id = parent.span_id if parent is not None and parent.rollout_id == rollout_id else \
+                remote["remote_span_id"] if remote is not None else rollout_span
+        after = parent.sequence_id if parent is not None else binding.get("remote_sequence_id", 0)
         span = OpenSpan(self, kind, name, trace_id(ids), own, parent_id, rollout_id, step, self.clock(), None, outer,
-                        attributes=attributes, fields=fields)
+                        attributes=attributes, fields=fields, sequence_id=self.sequence.take(after))
         span.entry = span
         return span
 
@@ -169,12 +183,17 @@ class Tracer:
         content = tc.Content(self.content_limit) if self.content else None
         if parent is not None:
             return OpenSpan(self, kind, name, parent.trace_id, random_span_id(), parent.span_id, parent.rollout_id,
-                            parent.step, self.clock(), parent.entry, content=content)
+                            parent.step, self.clock(), parent.entry, content=content,
+                            sequence_id=self.sequence.take(parent.sequence_id))
+        seq = self.sequence.take((binding or {}).get("remote_sequence_id", 0))
         if binding and binding.get("rollout_id"):
             ids = f"{self.telemetry.run_id}/{self.telemetry.attempt}/{binding['rollout_id']}"
-            return OpenSpan(self, kind, name, trace_id(ids), random_span_id(), span_id(f"{ids}/rollout"),
-                            binding["rollout_id"], binding.get("step"), self.clock(), None, content=content)
-        return OpenSpan(self, kind, name, os.urandom(16), random_span_id(), None, "", None, self.clock(), None, content=content)
+            remote = binding.get("remote_span_id") if binding.get("remote_rollout_id") == binding["rollout_id"] else None
+            return OpenSpan(self, kind, name, trace_id(ids), random_span_id(), remote or span_id(f"{ids}/rollout"),
+                            binding["rollout_id"],
+                            binding.get("step"), self.clock(), None, content=content, sequence_id=seq)
+        return OpenSpan(self, kind, name, os.urandom(16), random_span_id(), None, "", None, self.clock(), None,
+                        content=content, sequence_id=seq)
 
     def finish(self, span: OpenSpan, error: BaseException | None) -> None:
         end = self.clock()
@@ -182,7 +201,10 @@ class Tracer:
             "time_ns": end, "trace_id": span.trace_id, "span_id": span.span_id, "parent_span_id": span.parent_id,
             "name": span.name[:v.MAX_NAME], "kind": span.kind, "start_time_ns": min(span.start_ns, end), "end_time_ns": end,
             "status": "OK", "rollout_id": span.rollout_id, "step": span.step, "attributes": span.attributes,
+            "sequence_id": span.sequence_id,
         }
+        if error is None and span.failure is not None:
+            record["status"], record["status_message"] = "ERROR", span.failure[:v.MAX_VALUE]
         if error is not None:
             record["status"], record["status_message"] = "ERROR", type(error).__name__
             span.attributes["error.type"] = f"{type(error).__module__}.{type(error).__qualname__}"[:v.MAX_VALUE]
@@ -211,6 +233,8 @@ class Tracer:
                 fields["clipped"] = tokens >= limit
         elif span.outer is not None and span.outer.kind == "ROLLOUT" and "reward" in fields:
             span.outer.fields.setdefault("reward", fields["reward"])  # the rollout's reward, so the streams count it
+        elif span.outer is not None and span.outer.kind == "ROLLOUT" and span.failure is not None:
+            span.outer.failure = span.outer.failure or f"reward {span.failure}"  # scored by no one: a failed rollout
         return fields
 
     def _publish(self, record: dict[str, Any]) -> None:
@@ -290,8 +314,27 @@ def finish_llm(span: OpenSpan, response: Any, error: BaseException | None) -> No
     span.tracer.finish(span, error)
 
 
+
+HEADER_SAFE = "-._~"  # id characters sent as they are; any other is percent-encoded (headers are ASCII)
+
+
 def outgoing_headers(span: OpenSpan) -> dict[str, str]:
-    """The headers a request made inside ``span`` carries so that a server-side span joins it: W3C
-    ``traceparent``, rlpulse's ``baggage`` and seed 003's ``x-rollout-id`` / ``x-attempt-id`` /
-    ``x-sequence-id``. (Filled in by the propagation work; empty until then.)"""
-    return {}
+    """The headers a request made inside ``span`` carries so that a span the server (or a process it
+    calls) opens joins this rollout after ``span``: W3C ``traceparent``, rlpulse's ``baggage`` (run,
+    attempt, rollout, step, sequence id) and seed 003's ``x-rollout-id`` / ``x-attempt-id`` (the run's
+    attempt) / ``x-sequence-id``. ``rlpulse.producers.tracing.continue_trace`` reads them back."""
+    telemetry = span.tracer.telemetry
+    # the writer's latest start, not only this span's: a span started from these headers comes after
+    # every span this process started before the request (an entry's earlier calls too)
+    sequence = max(span.sequence_id, span.tracer.sequence.last())
+    headers = {"traceparent": f"00-{span.trace_id.hex()}-{span.span_id.hex()}-01"}
+    if not span.rollout_id:  # a root span of no rollout: the trace context only
+        return headers
+    rollout = quote(span.rollout_id, safe=HEADER_SAFE)
+    baggage = [f"rlpulse.run_id={quote(str(telemetry.run_id), safe=HEADER_SAFE)}", f"rlpulse.attempt={telemetry.attempt}",
+               f"rlpulse.rollout_id={rollout}", f"rlpulse.sequence_id={sequence}"]
+    if span.step is not None:
+        baggage.append(f"rlpulse.step={span.step}")
+    headers.update({"baggage": ",".join(baggage), "x-rollout-id": rollout, "x-attempt-id": str(telemetry.attempt),
+                    "x-sequence-id": str(sequence)})
+    return headers

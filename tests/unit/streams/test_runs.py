@@ -456,3 +456,18 @@ def test_after_a_restore_each_partitions_tick_works_on_that_partitions_runs_only
     assert {o.record["run_id"] for o in closed} == {"ra"}
     assert {o.record["run_id"] for o in h.stage.on_tick(1, later)} == {"rb"}
     assert h.table == {}
+
+
+def test_failed_rollouts_count_as_attempted_and_in_no_reward_figure() -> None:
+    """A ROLLOUT span with status ERROR (it raised, or returned a failed status) is attempted, not scored."""
+    job = Job()
+    h = Harness(RunConfig(window_s=10, lateness_s=0))
+    scored = job.rollout(1.0, step=0, reward=0.5)  # (made in publish order: the streams skip a lower sequence as a replay)
+    failed = {**job.rollout(1.0, step=0, reward=1.0), "status": "ERROR"}  # even with a reward: not counted in it
+    raised = {**job.rollout(1.5, step=0, reward=0.0), "status": "ERROR", "reward": None}
+    h.feed("spans", [scored, failed, raised, job.rollout(2.0, step=0, reward=0.25)])
+    h.feed("steps", [job.step(3.0, "STEP", step=0, count=1)])
+    h.feed("spans", [job.rollout(10.0, step=1, reward=0.0)])  # the spans' event time passes step 0's end
+    [stats] = [r for r in h.latest("step-stats").values() if r["step"] == 0]
+    assert (stats["rollouts"], stats["rollouts_failed"], stats["rollouts_attempted"]) == (2, 2, 4)
+    assert stats["reward_mean"] == 0.375 and stats["reward_max"] == 0.5

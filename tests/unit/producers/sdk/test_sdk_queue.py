@@ -65,7 +65,8 @@ def test_each_writer_has_its_own_id_and_sequences():
         tel.heartbeat()
         tel.rollout(step=0, rollout_id="x", reward=0.0)
     for tel in (a, b):
-        assert [(t, r.get("writer_sequence") or r["sequence_id"]) for t, _, r in tel.sender.queued_records()] == [("q.steps", 1), ("q.spans", 1)]
+        queued = tel.sender.queued_records()
+        assert [(t, r.get("writer_sequence") or r["sequence_id"]) for t, _, r in queued] == [("q.steps", 1), ("q.spans", 1)]
 
 
 def test_full_buffer_drops_counts_and_logs_once(caplog):

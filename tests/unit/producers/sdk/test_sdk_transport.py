@@ -53,15 +53,18 @@ def test_calls_arrive_as_exactly_the_records_given():
                  checkpoint_op=None, checkpoint_bytes=None, metrics={})
     rollout_span = span_id("r/1/a/rollout")
     expected_spans = [
-        {**nulls, **identity, "writer_sequence": 1, "sequence_id": 1 << TAG_BITS | tag, "trace_id": trace_id("r/1/a"), "span_id": rollout_span, "name": "rollout",
+        {**nulls, **identity, "writer_sequence": 1, "sequence_id": 1 << TAG_BITS | tag,
+         "trace_id": trace_id("r/1/a"), "span_id": rollout_span, "name": "rollout",
          "kind": "ROLLOUT", "start_time_ns": NOW - 2_000_000_000, "status": "OK", "rollout_id": "a", "step": 3,
          "attributes": {"t": 0.5}, "reward": 0.75, "term_shares": {"judge": 0.5, "format": 0.25},
          "completion_tokens": 1024, "max_tokens": 1024, "clipped": True, "sample_id": "prompt-1"},
-        {**nulls, **identity, "writer_sequence": 2, "sequence_id": 2 << TAG_BITS | tag, "trace_id": trace_id("r/1/a"), "parent_span_id": rollout_span,
+        {**nulls, **identity, "writer_sequence": 2, "sequence_id": 2 << TAG_BITS | tag,
+         "trace_id": trace_id("r/1/a"), "parent_span_id": rollout_span,
          "name": "grader judge", "kind": "GRADER", "start_time_ns": NOW - 1_000_000_000, "status": "ERROR",
          "status_message": "timeout", "rollout_id": "a", "step": 3, "term": "judge", "outcome": "timeout",
          "score": None, "judge_input_tokens": 11},  # a failed grader's score is no score
-        {**nulls, **identity, "writer_sequence": 3, "sequence_id": 3 << TAG_BITS | tag, "trace_id": trace_id("r/1/a"), "parent_span_id": rollout_span,
+        {**nulls, **identity, "writer_sequence": 3, "sequence_id": 3 << TAG_BITS | tag,
+         "trace_id": trace_id("r/1/a"), "parent_span_id": rollout_span,
          "name": "grader format", "kind": "GRADER", "start_time_ns": NOW - 500_000_000, "status": "OK",
          "rollout_id": "a", "step": 3, "term": "format", "outcome": "ok", "score": 1.0},
     ]

@@ -31,16 +31,16 @@ TASKS = [Task(step=3, rollout_id="r-0", sample_id="s-a", question="what is 6*7?"
 
 
 def traced(fn: Any, content: bool | None = False, **tracer: Any) -> tuple[list[dict[str, Any]], Tracer, InMemoryTransport]:
-    """Runs ``fn()`` under a Tracer on a fresh telemetry; its spans as decoded records, in sequence order."""
+    """Runs ``fn()`` under a Tracer on a fresh telemetry; its spans as decoded records, in publish order."""
     transport = InMemoryTransport()
     with TrainingTelemetry(project="p", run_id="run", transport=transport) as tel, Tracer(tel, content=content, **tracer) as t:
         fn()
-    records = sorted(transport.records("spans"), key=lambda r: r["sequence_id"])
+    records = sorted(transport.records("spans"), key=lambda r: r["writer_sequence"])
     return records, t, transport
 
 
 def tree(records: list[dict[str, Any]]) -> list[tuple]:
-    """(kind, name, parent's name, status, status message) per span, in sequence order."""
+    """(kind, name, parent's name, status, status message) per span, in the records' order."""
     names = {r["span_id"]: f'{r["name"]}[{r["rollout_id"]}]' for r in records}
     return [(r["kind"], r["name"], names.get(r["parent_span_id"], r["parent_span_id"]), r["status"], r["status_message"])
             for r in records]
@@ -68,8 +68,12 @@ def test_the_span_tree_of_rollouts_with_a_tool_call_a_reward_and_an_http_error()
                  ("ROLLOUT", "Agent.rollout", None, "ERROR", "InternalServerError"),
                  ("LLM", "chat bad-400", "Agent.rollout[r-400]", "ERROR", "BadRequestError"),
                  ("ROLLOUT", "Agent.rollout", None, "ERROR", "BadRequestError")]
-    assert tree(records) == expected
-    assert [r["sequence_id"] for r in records] == list(range(1, len(records) + 1))  # the run's own sequence
+    assert tree(records) == expected  # published as each ends: children before their entry
+    assert [r["writer_sequence"] for r in records] == list(range(1, len(records) + 1))  # the writer's publish order
+    # sequence_id is start order: each entry before its calls, the calls as they were made
+    started = [(k, n) for t in TASKS for k, n, *_ in (ok[-1], *ok[:-1])]
+    started += [("ROLLOUT", "Agent.rollout"), ("LLM", "chat fail-500"), ("ROLLOUT", "Agent.rollout"), ("LLM", "chat bad-400")]
+    assert [(r["kind"], r["name"]) for r in sorted(records, key=lambda r: r["sequence_id"])] == started
     assert (tracer.published, tracer.refused) == (len(records), 0)
     for task in TASKS + failing:
         spans = [r for r in records if r["rollout_id"] == task.rollout_id]
@@ -265,8 +269,8 @@ def test_the_demos_simulated_traced_agent() -> None:
     assert {k: r["reward"] for k, r in entries.items()} == truth.rollouts
     assert (entries[truth.failed]["status"], entries[truth.failed]["status_message"]) == ("ERROR", "SimulatedAPIError")
     example = [(r["kind"], r["name"]) for r in records if r["rollout_id"] == truth.example]
-    assert example == [("LLM", "chat sim-policy"), ("TOOL", "calculator"), ("LLM", "chat sim-policy"),
-                       ("REWARD", "SimulatedAgent.reward"), ("ROLLOUT", "SimulatedAgent.rollout")]
+    assert example == [("ROLLOUT", "SimulatedAgent.rollout"), ("LLM", "chat sim-policy"), ("TOOL", "calculator"),
+                       ("LLM", "chat sim-policy"), ("REWARD", "SimulatedAgent.reward")]  # in start order
     assert all(r["end_time_ns"] <= time.time_ns() for r in records)  # simulated latencies, never ahead of the clock
     assert sum(1 for r in records if r["kind"] == "LLM") == truth.llm_calls
 
