@@ -120,6 +120,7 @@ class FakeOpenAI:
             self.tokens.append(token)
             self.headers.append(headers)
             self.chunks.append(None)
+            self.replies.append((0, {}))  # filled in below, at the request's index: a slow reply keeps its place
             index = len(self.requests) - 1
         model = body.get("model", "")
         if model == "slow":
@@ -127,7 +128,7 @@ class FakeOpenAI:
         status, reply = self._answer(n, path, body, token)
         streamed = status == 200 and body.get("stream") is True
         with self._lock:
-            self.replies.append((status, reply))
+            self.replies[index] = (status, reply)
             if streamed:
                 self.chunks[index] = []
         if not streamed:

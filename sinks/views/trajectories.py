@@ -57,11 +57,14 @@ class Tree:
 
 
 def _order(span: SpanRow) -> tuple:
-    return (span.start_ns, span.sequence_id, span.span_id)
+    # sequence_id is start order across the rollout's processes, whatever their clocks say (a span
+    # written before it was, had its writer's publish order there: close to start order among siblings)
+    return (span.sequence_id, span.start_ns, span.span_id)
 
 
 def build_tree(spans: Iterable[SpanRow], cap: int = SPAN_CAP, total: int | None = None) -> Tree:
-    """Link spans by parent_span_id; orphans and cycle members at the root; keep the first
+    """Link spans by parent_span_id; a span whose parent never arrived hangs under the rollout's
+    ROLLOUT entry (at the root when there is none), marked; cycle members at the root; keep the first
     ``cap`` spans in depth-first order (a kept span's parent is always kept).
 
     ``total``: how many spans the trajectory has in all, when only some were read.
@@ -71,12 +74,16 @@ def build_tree(spans: Iterable[SpanRow], cap: int = SPAN_CAP, total: int | None 
         s.children, s.orphan = [], False
         by_id.setdefault(s.span_id, s)  # one row per span id (the caller dedups; this is a guard)
     items = sorted(by_id.values(), key=_order)
+    entry = next((s for s in items if s.kind == "ROLLOUT" and not s.parent_span_id), None)
     roots: list[SpanRow] = []
     for s in items:
         parent = by_id.get(s.parent_span_id) if s.parent_span_id else None
         if parent is None or parent is s:
             s.orphan = bool(s.parent_span_id)
-            roots.append(s)
+            if s.orphan and parent is None and entry is not None and s is not entry:
+                entry.children.append(s)  # its parent never arrived: shown in its rollout, marked
+            else:
+                roots.append(s)
         else:
             parent.children.append(s)
     # A parent cycle (a -> b -> a) is reachable from no root: cut it at one of its spans, shown at the root.

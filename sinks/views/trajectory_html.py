@@ -139,7 +139,7 @@ def render_section(store: Store, run: str, attempt: int, step: int | None = None
     for t in sel.trajectories:
         notes = []
         if t.tree.orphans:
-            notes.append(f"{t.tree.orphans} span(s) whose parent is missing are shown at the root")
+            notes.append(f"{t.tree.orphans} span(s) whose parent is missing are shown under the rollout")
         if t.tree.not_shown:
             notes.append(f"{t.tree.not_shown} more not shown (the first {t.tree.shown} in tree order are)")
         note = "".join(f'<p class="tree-note">{esc(n)}</p>' for n in notes)

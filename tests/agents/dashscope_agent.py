@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import sys
 import time
@@ -100,6 +101,12 @@ async def adrain_call() -> list[Any]:
     return await adrain(stream)
 
 
+def transport() -> InMemoryTransport | None:
+    """In memory (the spans printed), or, with AGENT_PUBLISH=kafka, the real broker named by the
+    RLPULSE_* settings in the environment (tests/integration/producers/tracing/test_agent_stacks.py)."""
+    return None if os.environ.get("AGENT_PUBLISH") == "kafka" else InMemoryTransport()
+
+
 def main(base_url: str) -> None:
     dashscope.base_http_api_url = base_url
     try:
@@ -109,13 +116,13 @@ def main(base_url: str) -> None:
         observed["dispatch"] = False
         trace_generation(Generation)
     assert trace_generation(Generation) is Generation and trace_generation(AioGeneration) is AioGeneration
-    transport = InMemoryTransport()
-    with TrainingTelemetry(project="agents", run_id="dashscope", transport=transport) as tel, \
+    memory = transport()
+    with TrainingTelemetry(project="agents", run_id="dashscope", transport=memory) as tel, \
             Tracer(tel, content=True) as tracer:
         rollout(step=2, rollout_id="ds-1")
     observed["tracer"] = {"published": tracer.published, "refused": tracer.refused}
     print(json.dumps({"observed": observed}, default=str))
-    for record in sorted(transport.records("spans"), key=lambda r: r["sequence_id"]):
+    for record in sorted(memory.records("spans") if memory else [], key=lambda r: r["sequence_id"]):
         print(json.dumps({"span": {k: (x.hex() if isinstance(x, bytes) else x) for k, x in record.items()}}, default=str))
 
 

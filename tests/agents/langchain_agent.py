@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -45,14 +46,21 @@ def calls(llm: ChatOpenAI) -> dict[str, Any]:
     return seen
 
 
+def transport() -> InMemoryTransport | None:
+    """In memory (the spans printed), or, with AGENT_PUBLISH=kafka, the real broker named by the
+    RLPULSE_* settings in the environment (tests/integration/producers/tracing/test_agent_stacks.py)."""
+    return None if os.environ.get("AGENT_PUBLISH") == "kafka" else InMemoryTransport()
+
+
 def main(base_url: str) -> dict[str, Any]:
     llm = ChatOpenAI(model="policy-lc", base_url=base_url, api_key=API_KEY, max_retries=0, temperature=0.0)
     trace_client(llm)
-    transport = InMemoryTransport()
-    with TrainingTelemetry(project="lc", run_id="lc-run", transport=transport) as tel, Tracer(tel, content=True):
+    memory = transport()
+    with TrainingTelemetry(project="lc", run_id="lc-run", transport=memory) as tel, Tracer(tel, content=True):
         with bind_rollout(rollout_id="lc-1", step=0):
             seen = calls(llm)
-    spans = [{k: (x.hex() if isinstance(x, bytes) else x) for k, x in r.items()} for r in transport.records("spans")]
+    records = memory.records("spans") if memory else []
+    spans = [{k: (x.hex() if isinstance(x, bytes) else x) for k, x in r.items()} for r in records]
     return {"seen": seen, "spans": spans}
 
 

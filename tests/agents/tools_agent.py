@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,12 @@ def rollout(tools: dict[str, Any], graph: Any, *, step: int, rollout_id: str) ->
     observed["custom"] = [custom("hello", weight=2.0), asyncio.run(trace_tool(judge)("answer: 42"))]
 
 
+def transport() -> InMemoryTransport | None:
+    """In memory (the spans printed), or, with AGENT_PUBLISH=kafka, the real broker named by the
+    RLPULSE_* settings in the environment (tests/integration/producers/tracing/test_agent_stacks.py)."""
+    return None if os.environ.get("AGENT_PUBLISH") == "kafka" else InMemoryTransport()
+
+
 def main(base_url: str) -> None:
     tools = make_tools(base_url)
     assert trace_tool(tools["add"]) is tools["add"]
@@ -133,12 +140,12 @@ def main(base_url: str) -> None:
     builder.add_edge(START, "tools")
     builder.add_edge("tools", END)
     graph = builder.compile()
-    transport = InMemoryTransport()
-    with TrainingTelemetry(project="agents", run_id="tools", transport=transport) as tel, Tracer(tel, content=True) as tracer:
+    memory = transport()
+    with TrainingTelemetry(project="agents", run_id="tools", transport=memory) as tel, Tracer(tel, content=True) as tracer:
         rollout(tools, graph, step=1, rollout_id="tools-1")
     observed["tracer"] = {"published": tracer.published, "refused": tracer.refused}
     print(json.dumps({"observed": observed}, default=str))
-    for record in sorted(transport.records("spans"), key=lambda r: r["sequence_id"]):
+    for record in sorted(memory.records("spans") if memory else [], key=lambda r: r["sequence_id"]):
         print(json.dumps({"span": {k: (x.hex() if isinstance(x, bytes) else x) for k, x in record.items()}}, default=str))
 
 

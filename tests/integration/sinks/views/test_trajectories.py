@@ -225,11 +225,11 @@ def test_trajectories_of_one_sample_in_headless_chromium(tmp_path: Path) -> None
     hostile = r1.span_named(HOSTILE)  # shown as text, never run: the page has no <script> element
     assert hostile.parent is r1.span_named("rollout") and not dom.find("script")
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dumped.stdout
-    orphan = r1.span_named("retry")  # its parent was never stored: at the root, marked, not dropped
-    assert orphan.parent is r1 and orphan.attrs["data-orphan"] == "true"
+    orphan = r1.span_named("retry")  # its parent was never stored: under the rollout's entry, marked, not dropped
+    assert orphan.parent is r1.span_named("rollout") and orphan.attrs["data-orphan"] == "true"
     assert _field(orphan, "orphan") == "parent ffffffffffffffff not found"
     assert [p.text() for p in r1.find("p", cls="tree-note")] == [
-        "1 span(s) whose parent is missing are shown at the root"]
+        "1 span(s) whose parent is missing are shown under the rollout"]
 
     r2 = trajectories["r2"]
     assert r2.children[0].text() == "rollout r2 · reward 0.25 · OK, clipped · 1024 completion tokens"

@@ -29,12 +29,15 @@ def test_children_by_parent_ordered_by_start_time_not_arrival() -> None:
     assert (tree.shown, tree.not_shown, tree.orphans) == (5, 0, 0)
 
 
-def test_orphans_are_shown_at_the_root_and_marked() -> None:
+def test_orphans_hang_under_their_rollouts_entry_marked() -> None:
     spans = [span("root", None, 0, "ROLLOUT"), span("lost", "never-sent", 5), span("kid", "lost", 6)]
     tree = build_tree(spans)
-    assert shape(tree.roots) == [("root", []), ("lost", [("kid", [])])]
-    assert [s.orphan for s in (tree.roots[0], tree.roots[1], tree.roots[1].children[0])] == [False, True, False]
+    assert shape(tree.roots) == [("root", [("lost", [("kid", [])])])]
+    lost = tree.roots[0].children[0]
+    assert [s.orphan for s in (tree.roots[0], lost, lost.children[0])] == [False, True, False]
     assert tree.orphans == 1
+    alone = build_tree([span("lost", "never-sent", 5)])  # no entry arrived either: at the root
+    assert shape(alone.roots) == [("lost", [])] and alone.orphans == 1
     page = tree_html(tree.roots)
     assert 'data-span-id="lost" data-status="UNSET" data-orphan="true"' in page
     assert "parent never-sent not found" in page
