@@ -79,9 +79,9 @@ def ran(module_settings: Settings, agent_python: Path, tmp_path_factory: pytest.
         tools_observed = out["tools"][0]["observed"]
         expected = {  # every HTTP call a span, plus the entries (and the tools)
             f"SELECT count() FROM $db.spans FINAL WHERE run_id = '{RUN}'": len(fake.requests) + 7 + 5 + 1,
-            f"SELECT count() FROM $db.spans FINAL WHERE run_id = 'lc-run'": len(lc_fake.requests),
-            f"SELECT count() FROM $db.spans FINAL WHERE run_id = 'dashscope' AND kind = 'LLM'": len(ds.requests) + 1,
-            f"SELECT count() FROM $db.spans FINAL WHERE run_id = 'tools'": tools_observed["tracer"]["published"],
+            "SELECT count() FROM $db.spans FINAL WHERE run_id = 'lc-run'": len(lc_fake.requests),
+            "SELECT count() FROM $db.spans FINAL WHERE run_id = 'dashscope' AND kind = 'LLM'": len(ds.requests) + 1,
+            "SELECT count() FROM $db.spans FINAL WHERE run_id = 'tools'": tools_observed["tracer"]["published"],
             f"SELECT count() FROM $db.step_stats FINAL WHERE run_id = '{RUN}'": 1}
         pipeline.wait_caught_up(until=until.counts(settings, expected))
         got = {name: spans(settings, project, run_id) for name, project, run_id in (
