@@ -21,6 +21,8 @@ from rlpulse.producers.tracing import streams, token_ids
 from tests.openai_server import BREAK_AFTER, TOOL_ARGUMENTS, FakeOpenAI
 from tests.traced_agent import API_KEY, TOOLS
 
+pytestmark = pytest.mark.full  # 17 s of real HTTP streams: make test-all (make test stays within its 6 minutes)
+
 openai = pytest.importorskip("openai")
 USER = [{"role": "user", "content": "what is 6*7?"}]
 
