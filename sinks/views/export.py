@@ -199,7 +199,7 @@ _PAGE = """
     calls AS (
         SELECT *, if(isValidJSON(output_raw) AND JSONType(output_raw) = 'Array', JSONExtractRaw(output_raw, 1),
                      output_raw) AS response_raw,
-               toUInt32(row_number() OVER (PARTITION BY rollout_id ORDER BY start_time_ns, sequence_id, span_id) - 1) AS turn,
+               toUInt32(row_number() OVER (PARTITION BY rollout_id ORDER BY sequence_id, start_time_ns, span_id) - 1) AS turn,
                count() OVER (PARTITION BY rollout_id) AS turns
         FROM page WHERE kind = 'LLM')
 """

@@ -237,7 +237,7 @@ def _trajectories(store: Store, run: str, attempt: int, step: int, sample: str |
               AND (step IS NULL OR step = {{step:Int64}})
             ORDER BY span_id, sequence_id LIMIT 1 BY span_id)
         WHERE traj != ''
-        ORDER BY traj, start_time_ns, sequence_id, span_id LIMIT {{fetch:UInt64}} BY traj""",
+        ORDER BY traj, sequence_id, start_time_ns, span_id LIMIT {{fetch:UInt64}} BY traj""",
                   ids=ids, keys=keys, traces=traces, step=step, fetch=cap * FETCH_FACTOR, **p)
     grouped: dict[str, list[SpanRow]] = {}
     totals: dict[str, int] = {}

@@ -49,7 +49,7 @@ def trajectory(store: Store, project: str, run: str, attempt: int, rollout_id: s
             SELECT * FROM {{db}}.spans
             WHERE project = {{p:String}} AND run_id = {{r:String}} AND attempt = {{a:UInt32}} AND {match}
             ORDER BY span_id, sequence_id LIMIT 1 BY span_id)
-        ORDER BY start_time_ns, sequence_id, span_id LIMIT {SPAN_CAP * 4}""", p=project, r=run, a=attempt, id=rollout_id,
+        ORDER BY sequence_id, start_time_ns, span_id LIMIT {SPAN_CAP * 4}""", p=project, r=run, a=attempt, id=rollout_id,
                  trace=rollout_id.removeprefix("trace "))
     spans, metrics, step, sample, total, capped, cut = [], {}, None, None, 0, 0, 0
     for row in found:

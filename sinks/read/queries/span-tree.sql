@@ -1,4 +1,5 @@
--- One rollout's spans in sequence order, with each span's depth in the span tree (root = 0).
+-- One rollout's spans in start order (sequence_id, across every process that wrote for it), with
+-- each span's depth in the span tree (root = 0).
 -- Params (required): run_id: String, attempt: UInt32, rollout_id: String.
 -- Depth is computed in SQL: the rollout's span ids and parent ids are gathered into arrays and
 -- arrayFold walks each span's parent chain (at most 64 steps, which also stops on a cycle); a

@@ -103,10 +103,10 @@ def expected_calls(ran: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_the_span_tree_rebuilt_from_clickhouse(ran: dict[str, Any]) -> None:
     tree = [(r["depth"], r["kind"], r["name"], r["status"]) for r in json.loads(ran["live"]["tree"].stdout)]
-    assert tree == [(1, "LLM", "chat policy-7b", "OK"), (1, "TOOL", "calculator", "OK"), (1, "LLM", "chat policy-7b", "OK"),
-                    (1, "REWARD", "Agent.reward", "OK"), (0, "ROLLOUT", "Agent.rollout", "OK")]
+    assert tree == [(0, "ROLLOUT", "Agent.rollout", "OK"), (1, "LLM", "chat policy-7b", "OK"), (1, "TOOL", "calculator", "OK"),
+                    (1, "LLM", "chat policy-7b", "OK"), (1, "REWARD", "Agent.reward", "OK")]  # sequence_id: start order
     failed = [(r["depth"], r["kind"], r["name"], r["status"]) for r in json.loads(ran["live"]["fail_tree"].stdout)]
-    assert failed == [(1, "LLM", "chat fail-500", "ERROR"), (0, "ROLLOUT", "Agent.rollout", "ERROR")]
+    assert failed == [(0, "ROLLOUT", "Agent.rollout", "ERROR"), (1, "LLM", "chat fail-500", "ERROR")]
     with open_reader(ran["settings"].clickhouse_dsn, owner="test") as store:
         chosen = trajectories.select(store, RUN, 1, step=0, sample="s-0")
         metrics = dict(store.client.query(f"SELECT kind, metrics FROM {store.database}.spans FINAL "
