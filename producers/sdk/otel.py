@@ -14,9 +14,9 @@ Attributes ``rlpulse.kind`` (ROLLOUT, REWARD, LLM, TOOL, GRADER, ANNOTATION, CUS
 CUSTOM), ``rlpulse.rollout_id``, ``rlpulse.attempt_id``, ``rlpulse.step`` and ``rlpulse.reward``
 fill the typed fields. A span without ``rlpulse.rollout_id`` takes the one of its trace (seed
 000's entry span names it for its LLM and TOOL children). Spans go through the same queue as
-the SDK's own (``TrainingTelemetry.publish_span``), which assigns ``sequence_id`` in the
-recording process, strictly increasing per writer on the spans topic, in order of start time
-within each exported batch, so a trajectory's order survives clock skew between machines.
+the SDK's own (``TrainingTelemetry.publish_span``), which numbers them in publish order
+(``writer_sequence``) and gives each the ``sequence_id`` of its start time
+(``rlpulse.producers.sdk.sequence``), so a trajectory sorts in start order.
 
 A span the Span schema cannot carry (an attribute or ``rlpulse.reward`` that is NaN or infinite,
 an int beyond Avro long, a lone surrogate in a string) is dropped and counted in the exporter's

@@ -13,7 +13,9 @@ child). What holds, exactly:
   even when the wall clock does), and no two of its last 4,096 ids are equal.
 * **Across processes**, a span started from a propagated context (``traceparent`` plus rlpulse
   baggage, or the ``x-sequence-id`` header) has a larger id than the span that propagated it,
-  whatever the two machines' clocks say (``take(after=...)``).
+  whatever the two machines' clocks say, up to 5 minutes ahead (``take(after=...)``): a propagated
+  id further ahead of this writer's clock (a broken clock, or a hostile header) is followed only that
+  far, so it cannot drag this writer's ids into the future.
 * Otherwise, spans of different writers are in wall-clock start order up to the clocks' skew
   (NTP keeps it to milliseconds). Two writers give the same id only when their tags coincide
   (1 in 4,096) and they start spans in the same microsecond; ``span_id`` breaks that tie.
@@ -37,6 +39,9 @@ EPOCH_NS = 1_577_836_800_000_000_000  # 2020-01-01T00:00:00Z
 TAG_BITS = 12
 TAG_MASK = (1 << TAG_BITS) - 1
 RECENT = 4096  # ids remembered per writer, so an id from a start time never repeats a recent one
+MAX_TICK = (1 << (63 - TAG_BITS)) - 1 - 2 * RECENT  # the last tick an Avro long holds (2091), less room to count up
+MAX_AHEAD_US = 300 * 1_000_000  # a propagated id at most this far ahead of our clock is followed (clock skew);
+# one further ahead (a broken clock, or a hostile header) would drag every later id of this writer with it
 
 
 def ticks(sequence_id: int) -> int:
@@ -54,12 +59,14 @@ class StartSequence:
         self._lock = threading.Lock()
         self._recent: deque[int] = deque()
         self._used: set[int] = set()
+        self._next: dict[int, int] = {}  # a start tick at() gave out -> the next free tick for that start
 
     def take(self, after: int = 0) -> int:
         """The id of a span starting now; larger than ``after`` (a propagated parent's id) when given."""
         now = (self.clock() - EPOCH_NS) // 1000
         with self._lock:
-            tick = max(now, self._last + 1, ticks(after) + 1, 1)
+            followed = min(ticks(after), now + MAX_AHEAD_US, MAX_TICK) if after > 0 else 0
+            tick = min(max(now, self._last + 1, followed + 1, 1), MAX_TICK)
             while tick in self._used:  # an id at() gave from a start time in this very microsecond
                 tick += 1
             self._last = tick
@@ -74,10 +81,12 @@ class StartSequence:
 
     def at(self, start_ns: int) -> int:
         """The id of a span that started at ``start_ns`` and is published after the fact."""
-        tick = max((start_ns - EPOCH_NS) // 1000, 1)
+        start = min(max((start_ns - EPOCH_NS) // 1000, 1), MAX_TICK)
         with self._lock:
+            tick = self._next.get(start, start)  # many spans of one start (a batch's graders): no walk from it
             while tick in self._used:
                 tick += 1
+            self._next[start] = tick + 1
             self._remember(tick)
             return tick << TAG_BITS | self.tag
 
@@ -86,3 +95,5 @@ class StartSequence:
         self._recent.append(tick)
         if len(self._recent) > RECENT:
             self._used.discard(self._recent.popleft())
+            if len(self._next) > RECENT:
+                self._next.clear()  # a hint only: the used set still keeps the recent ids apart

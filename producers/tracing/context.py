@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from urllib.parse import unquote
 
 from rlpulse.producers.sdk import events as v
+from rlpulse.producers.sdk.records import trace_id
 import rlpulse.producers.tracing.spans as tracing
 
 MAX_HEADER = 8192  # characters of one header value we read (W3C asks baggage to stay under 8192 bytes)
@@ -44,6 +45,7 @@ class Context:
     rollout_id: str
     span_id: bytes | None  # the remote parent (from traceparent); None: the rollout's entry is the parent
     sequence_id: int  # the remote parent's; spans started here come after it
+    trace_id: bytes | None = None  # traceparent's trace id, with span_id
     step: int | None = None
     run_id: str | None = None
     attempt: int | None = None
@@ -52,6 +54,8 @@ class Context:
 def _header(carrier: Mapping[str, Any], name: str) -> str | None:
     """``name``'s value, looked up without regard to case; ValueError when it is not a bounded string."""
     for key, value in carrier.items():
+        if isinstance(key, bytes):  # ASGI's raw headers
+            key = key.decode("latin-1")
         if isinstance(key, str) and key.lower() == name:
             if isinstance(value, bytes):
                 value = value.decode("latin-1")
@@ -84,19 +88,25 @@ def _baggage(text: str) -> dict[str, str]:
 def extract(carrier: Mapping[str, Any]) -> Context | None:
     """The context in ``carrier`` (request headers), None when it names no rollout; ValueError naming
     the header that is malformed."""
-    parent: bytes | None = None
+    if not isinstance(carrier, Mapping):  # (the annotation is a promise callers with hostile input may break)
+        raise ValueError(f"the carrier of a trace context must be a mapping of header names to values, "
+                         f"got {type(carrier).__name__}")
+    parent = trace = None
     traceparent = _header(carrier, "traceparent")
     if traceparent:
         match = _TRACEPARENT.fullmatch(traceparent)
         if match is None or match.group(1) == "ff" or set(match.group(2)) == {"0"} or set(match.group(3)) == {"0"}:
             raise ValueError(f"header traceparent is not a W3C trace context: {traceparent[:80]!r}")
-        parent = bytes.fromhex(match.group(3))
+        parent, trace = bytes.fromhex(match.group(3)), bytes.fromhex(match.group(2))
     try:
         baggage = _baggage(_header(carrier, "baggage") or "")
     except UnicodeDecodeError as exc:
         raise ValueError(f"header baggage has a value that is not UTF-8 once percent-decoded: {exc}") from None
     x_rollout = _header(carrier, "x-rollout-id")
-    rollout = baggage.get("rlpulse.rollout_id") or (unquote(x_rollout) if x_rollout else None)
+    try:
+        rollout = baggage.get("rlpulse.rollout_id") or (unquote(x_rollout, errors="strict") if x_rollout else None)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"header x-rollout-id is not UTF-8 once percent-decoded: {exc}") from None
     if not rollout:
         return None
     v.require_name("rollout id (baggage rlpulse.rollout_id or header x-rollout-id)", rollout)
@@ -104,9 +114,13 @@ def extract(carrier: Mapping[str, Any]) -> Context | None:
                                                         ("header x-sequence-id", _header(carrier, "x-sequence-id")))
                  if text]
     step = baggage.get("rlpulse.step")
-    attempt = baggage.get("rlpulse.attempt") or _header(carrier, "x-attempt-id")
+    attempt = baggage.get("rlpulse.attempt")
+    x_attempt = _header(carrier, "x-attempt-id")
+    if attempt is None and x_attempt and _NUMBER.fullmatch(x_attempt):  # seed 003's own attempt ids are not ours
+        attempt = x_attempt
     run = baggage.get("rlpulse.run_id")
-    return Context(rollout_id=rollout, span_id=parent, sequence_id=max(sequences, default=0),
+    return Context(rollout_id=rollout, span_id=parent, trace_id=trace,
+                   sequence_id=max(sequences, default=0),
                    step=_number("baggage rlpulse.step", step) if step else None,
                    run_id=v.require_name("baggage rlpulse.run_id", run) if run else None,
                    attempt=_number("attempt (baggage rlpulse.attempt or header x-attempt-id)", attempt, v.INT_MAX)
@@ -145,9 +159,15 @@ def continue_trace(carrier: Mapping[str, Any]) -> Iterator[Context | None]:
                                "remote_sequence_id": context.sequence_id}
     if context.step is not None:
         binding["step"] = context.step
-    if context.span_id is not None:
+    ours = tracer is not None and context.trace_id == trace_id(f"{tracer.telemetry.run_id}/{tracer.telemetry.attempt}/"
+                                                               f"{context.rollout_id}")
+    if context.span_id is not None and ours:
+        # a traceparent of this rollout's trace: rlpulse's own (a client or mesh that rewrote it names a
+        # span rlpulse never stores; the rollout's entry is the parent then)
         binding["remote_span_id"] = context.span_id
-    token = tracing.BINDING.set({**(tracing.BINDING.get() or {}), **binding})
+    # an enclosing context's remote parent and step belong to its rollout, not this one
+    outer = {k: x for k, x in (tracing.BINDING.get() or {}).items() if not k.startswith("remote_") and k != "step"}
+    token = tracing.BINDING.set({**outer, **binding})
     try:
         yield context
     finally:

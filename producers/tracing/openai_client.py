@@ -235,7 +235,8 @@ class _Settle:
         return self(result)
 
     def _proxy(self, stream: Any) -> Any:
-        assembler = st.ChatAssembler(self.swallow) if self.api == "chat" else st.ResponsesAssembler()
+        assembler = (st.ChatAssembler(self.swallow, keep_text=self.span.content is not None, keep_ids=self.token_ids)
+                     if self.api == "chat" else st.ResponsesAssembler())
         return st.wrap_stream(stream, self.span, assembler, self.token_ids)
 
     def _finish(self, response: Any) -> None:

@@ -31,8 +31,12 @@ MAX_ERROR_TEXT = 1024
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)  # an int beyond a float's range raises: no number, skipped and counted
+        except OverflowError:
+            return None
+        return number if math.isfinite(number) else None
     return None
 
 

@@ -108,8 +108,7 @@ class Tracer:
         self.content = content_from_env() if content is None else content
         self.content_limit = content_limit
         self.clock = clock
-        # the writer's start-order clock, so traced spans and tel.rollout/tel.grader spans share one order
-        self.sequence: StartSequence = getattr(self.telemetry, "sequence", None) or StartSequence(clock)
+        self._own_sequence = StartSequence(clock)  # for a telemetry without a start-order clock of its own
         self.stream_usage, self.token_ids, self.request_token_ids = stream_usage, token_ids, request_token_ids
         self.published = 0  # spans handed to the telemetry (a full buffer counts in telemetry.dropped)
         self.refused = 0  # spans the Span schema or the input limits refused: logged, never raised
@@ -117,6 +116,12 @@ class Tracer:
         self._metric_names: dict[str, set[str]] = {"rollout_metrics": set(), "reward_metrics": set()}
         self._lock = threading.Lock()
         self._last_log = -REFUSED_LOG_INTERVAL_S
+
+    @property
+    def sequence(self) -> StartSequence:
+        """The writer's start-order clock, so traced spans and tel.rollout / tel.grader spans share one
+        order; read each time, since a forked child's writer gets a clock (and a lock) of its own."""
+        return getattr(self.telemetry, "sequence", None) or self._own_sequence
 
     def install(self) -> Tracer:
         _installed.append(self)

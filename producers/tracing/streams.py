@@ -44,11 +44,21 @@ def _plain_items(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else []
 
 
-class ChatAssembler:
-    """Chat completion chunks -> one ``ChatCompletion``-shaped dict (``result``)."""
+TEXT_CAP = 1 << 20  # characters of a stream's text kept for its content attribute (which the content cap cuts far below)
 
-    def __init__(self, swallow_usage: bool):
+
+class ChatAssembler:
+    """Chat completion chunks -> one ``ChatCompletion``-shaped dict (``result``).
+
+    What it keeps is bounded by what will be recorded: text and tool-call arguments only when content
+    is on (``keep_text``; at most ``TEXT_CAP`` characters), token ids and logprob values only when
+    token ids are (``keep_ids``; the float of each logprob, never the whole object); the rest (usage,
+    finish reason, ids, tool names) is a few fields however long the stream."""
+
+    def __init__(self, swallow_usage: bool, keep_text: bool = True, keep_ids: bool = True):
         self.swallow_usage = swallow_usage
+        self.keep_text, self.keep_ids = keep_text, keep_ids
+        self.text_kept = 0
         self.top: dict[str, Any] = {}
         self.choices: dict[int, dict[str, Any]] = {}
         self.usage: Any = None
@@ -63,7 +73,7 @@ class ChatAssembler:
         usage = tc.field(chunk, "usage")
         if usage is not None:
             self.usage = usage
-        prompt_ids = tc.field(chunk, "prompt_token_ids")
+        prompt_ids = tc.field(chunk, "prompt_token_ids") if self.keep_ids else None
         if prompt_ids is not None and self.prompt_token_ids is None:
             self.prompt_token_ids = _plain_items(prompt_ids)
         choices = tc.field(chunk, "choices")
@@ -80,33 +90,41 @@ class ChatAssembler:
         if delta is not None:
             slot["role"] = slot["role"] or tc.field(delta, "role")
             text = tc.field(delta, "content")
-            if isinstance(text, str):
-                slot["text"].append(text)
+            if isinstance(text, str) and self.keep_text and self.text_kept < TEXT_CAP:
+                slot["text"].append(text[:TEXT_CAP - self.text_kept])
+                self.text_kept += len(slot["text"][-1])
             for call in _plain_items(tc.field(delta, "tool_calls")):
-                self._tool_call(slot["tools"], call)
-            slot["token_ids"].extend(_plain_items(tc.field(delta, "token_ids")))  # vLLM, delta-level
+                self._tool_call(slot["tools"], call, self.keep_text)
+            if self.keep_ids:
+                slot["token_ids"].extend(_plain_items(tc.field(delta, "token_ids")))  # vLLM, delta-level
+        if not self.keep_ids:
+            reason = tc.field(choice, "finish_reason")
+            if reason is not None:
+                slot["finish_reason"] = reason
+            return
         slot["token_ids"].extend(_plain_items(tc.field(choice, "token_ids")))  # vLLM, choice-level
         logprobs = tc.field(choice, "logprobs")
-        if logprobs is not None:
-            slot["logprobs"].extend(_plain_items(tc.field(logprobs, "content")))
+        if logprobs is not None:  # the value only: an entry's object (with its top_logprobs) is many times larger
+            slot["logprobs"].extend({"logprob": tc.field(item, "logprob")}
+                                    for item in _plain_items(tc.field(logprobs, "content")))
         reason = tc.field(choice, "finish_reason")
         if reason is not None:
             slot["finish_reason"] = reason
 
     @staticmethod
-    def _tool_call(tools: dict[int, dict[str, Any]], call: Any) -> None:
+    def _tool_call(tools: dict[int, dict[str, Any]], call: Any, keep_arguments: bool) -> None:
         index = tc.field(call, "index")
         index = index if isinstance(index, int) else len(tools)
-        slot = tools.setdefault(index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        slot = tools.setdefault(index, {"id": None, "type": "function", "function": {"name": [], "arguments": []}})
         for name in ("id", "type"):
             if isinstance(tc.field(call, name), str):
                 slot[name] = tc.field(call, name)
         function = tc.field(call, "function")
         if function is not None:
-            for name in ("name", "arguments"):  # the name comes whole in one chunk; arguments in pieces
+            for name in ("name", "arguments"):  # the name comes whole in one chunk; arguments in pieces (joined once)
                 piece = tc.field(function, name)
-                if isinstance(piece, str):
-                    slot["function"][name] += piece
+                if isinstance(piece, str) and (name == "name" or keep_arguments):
+                    slot["function"][name].append(piece)
 
     def result(self) -> dict[str, Any]:
         choices = []
@@ -115,7 +133,8 @@ class ChatAssembler:
             message: dict[str, Any] = {"role": slot["role"] or "assistant",
                                        "content": "".join(slot["text"]) if slot["text"] else None}
             if slot["tools"]:
-                message["tool_calls"] = [slot["tools"][i] for i in sorted(slot["tools"])]
+                message["tool_calls"] = [{**call, "function": {k: "".join(pieces) for k, pieces in call["function"].items()}}
+                                         for call in (slot["tools"][i] for i in sorted(slot["tools"]))]
             choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": slot["finish_reason"]}
             if slot["token_ids"]:
                 choice["token_ids"] = slot["token_ids"]

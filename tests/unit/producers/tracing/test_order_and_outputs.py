@@ -230,3 +230,43 @@ def test_a_context_of_another_run_is_refused() -> None:
                 pass
 
     spans_of(run)
+
+
+def test_a_propagated_id_far_ahead_is_followed_only_five_minutes_and_same_start_ids_stay_apart() -> None:
+    now = [1_800_000_000_000_000_000]
+    clock = StartSequence(lambda: now[0], tag=1)
+    base = ticks(clock.take())
+    hostile = clock.take(after=2**63 - 1)  # an x-sequence-id of Avro long's maximum
+    assert ticks(hostile) == base + 300_000_000 + 1  # five minutes ahead at most, not year 2091
+    assert clock.take(after=-5) > hostile  # nonsense is ignored, the clock still rises
+    batch = [clock.at(now[0] - 10**9) for _ in range(20_000)]  # a batch's graders, one start time
+    assert len(set(batch)) == len(batch) and batch == sorted(batch)
+    assert ticks(clock.at(2**63 - 1)) < 2**51  # a start after 2091 still fits an Avro long
+
+
+def test_nested_contexts_and_a_foreign_traceparent() -> None:
+    got: list[Any] = []
+
+    @observe_tool(name="probe")
+    def probe() -> None:
+        pass
+
+    def run() -> None:
+        outer = {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "x-rollout-id": "A",
+                 "baggage": "rlpulse.step=7,rlpulse.rollout_id=A"}
+        with continue_trace(outer):
+            with continue_trace({"x-rollout-id": "B"}) as inner:
+                got.append(inner)
+                probe()
+
+    records = spans_of(run)
+    [span] = records
+    # rollout B's span: not A's step or parent; and A's traceparent named a trace not rlpulse's: not a parent either
+    assert (span["rollout_id"], span["step"], span["parent_span_id"]) == ("B", None, records[0]["parent_span_id"])
+    from rlpulse.producers.sdk.records import span_id as rollout_span
+    assert span["parent_span_id"] == rollout_span("run/1/B/rollout")
+    with pytest.raises(ValueError, match="mapping"):
+        extract(["traceparent"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="x-rollout-id"):
+        extract({"x-rollout-id": "r%FF1"})
+    assert extract({"x-rollout-id": "r", "x-attempt-id": "at-9f2c"}).attempt is None  # seed 003's own attempt id
