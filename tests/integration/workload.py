@@ -275,7 +275,8 @@ def read_figures(settings: Settings, dsn: str | None = None) -> dict[str, Any]:
             "step_rows": rows(f"SELECT count() FROM $db.steps FINAL {where} AND type != 'HEARTBEAT'")[0][0],
             # per writer: spans, lowest and highest sequence id (dropped events take no id: 1..n)
             "sequences": {r: (n, lo, hi) for r, n, lo, hi in rows(
-                f"SELECT run_id, count(), min(sequence_id), max(sequence_id) FROM $db.spans FINAL {where} GROUP BY run_id")},
+                f"SELECT run_id, count(), min(writer_sequence), max(writer_sequence) FROM $db.spans FINAL {where} "
+                "GROUP BY run_id")},
         }
 
 

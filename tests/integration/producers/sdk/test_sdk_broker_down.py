@@ -30,12 +30,12 @@ BUFFER_BYTES = 40_000  # room for the first 50 events (about 440 bytes each in m
 
 
 async def sequence_ids(settings: Settings, writer_id: str) -> list[int]:
-    """Sequence ids of the spans topic, in the order the messages and their containers hold them."""
+    """Publish-order ids (``writer_sequence``) of the spans topic, in the order the messages and their containers hold them."""
     codec = Codec()
     messages = await read_topic(settings.kafka_client_kwargs(), settings.topic("spans"))
     records = [r for m in sorted(messages, key=lambda m: (m.partition, m.offset)) for r in codec.decode(m.value).records]
     assert {r["writer_id"] for r in records} == {writer_id}
-    return [r["sequence_id"] for r in records]
+    return [r["writer_sequence"] for r in records]
 
 
 def test_broker_down_calls_stay_fast_drops_are_counted_and_the_buffer_is_delivered(tmp_path: Path) -> None:

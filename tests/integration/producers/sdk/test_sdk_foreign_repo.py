@@ -132,7 +132,7 @@ def test_a_job_with_its_own_schemas_streams_producers_and_sinks_publishes_throug
             expected_spans.append(("GRADER", rollout, step, None, {}, None, None, outcome, i / 4 if outcome == "ok" else None))
     assert [(r["kind"], r["rollout_id"], r["step"], r["reward"], r["term_shares"], r["completion_tokens"], r["clipped"],
              r["outcome"], r["score"]) for r in spans] == expected_spans
-    assert [r["sequence_id"] for r in spans] == list(range(1, 25))
+    assert [r["writer_sequence"] for r in spans] == list(range(1, 25))
     assert [(r["type"], r["step"], r["step_count"], r["tokens"], r["sequence_id"]) for r in steps] == [
         ("RUN_START", -1, 0, 0, 1), ("STEP", 0, 1, 1000, 2), ("STEP", 1, 2, 2000, 3), ("STEP", 2, 3, 3000, 4),
         ("RUN_END", -1, 3, 0, 5)]

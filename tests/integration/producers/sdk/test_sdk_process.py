@@ -45,7 +45,7 @@ def records(settings: Settings, short: str) -> list[dict[str, Any]]:
 def by_writer(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = defaultdict(list)
     for r in rows:
-        out[r["writer_id"]].append(r["sequence_id"])
+        out[r["writer_id"]].append(r.get("writer_sequence") or r["sequence_id"])  # publish order
     return dict(out)
 
 
@@ -85,7 +85,7 @@ def test_an_interpreter_exiting_with_its_telemetry_open_delivers_the_buffer(sett
     spans, steps = records(settings, "spans"), records(settings, "steps")
     print(f"exit: {len(spans)} of {n} spans arrived; process lived {elapsed:.2f} s; {log.strip().splitlines()[-1]}")
     assert {r["writer_id"] for r in spans + steps} == {writer}
-    assert [r["sequence_id"] for r in spans] == list(range(1, n + 1))  # exactly N, each once, in order
+    assert [r["writer_sequence"] for r in spans] == list(range(1, n + 1))  # exactly N, each once, in order
     assert [r["rollout_id"] for r in spans[:2]] == ["r0", "r1"]
     assert [r["type"] for r in steps] == ["RUN_START"]  # no RUN_END: the SDK cannot tell an ending job from a dying one
     delivered = re.search(
@@ -258,7 +258,7 @@ def test_many_threads_at_once_every_event_arrives_once_with_unique_sequence_ids(
     elapsed = time.monotonic() - started
     n_spans, n_steps = threads * per_thread * 2, threads * (per_thread // 100) + 2
     print(f"threads: {len(spans)} of {n_spans} spans and {len(steps)} of {n_steps} steps arrived in {elapsed:.2f} s")
-    assert [r["sequence_id"] for r in spans] == list(range(1, n_spans + 1))  # unique, no gap, in order
+    assert [r["writer_sequence"] for r in spans] == list(range(1, n_spans + 1))  # unique, no gap, in order
     assert [r["sequence_id"] for r in steps] == list(range(1, n_steps + 1))
     assert len({(r["rollout_id"], r["kind"]) for r in spans}) == n_spans
     assert steps[-1]["type"] == "RUN_END" and steps[-1]["step_count"] == threads * (per_thread // 100)
@@ -287,7 +287,7 @@ def test_spans_a_batch_processor_exports_after_the_block_are_delivered_and_bad_o
     spans, steps = records(settings, "spans"), records(settings, "steps")
     print(f"late spans: {len(spans)} of 50 delivered after close, {exporter.refused} refused (NaN reward)")
     assert [r["name"] for r in spans] == [f"llm{i}" for i in range(50)]  # the NaN one never reaches the streams
-    assert [r["sequence_id"] for r in spans] == list(range(1, 51))
+    assert [r["writer_sequence"] for r in spans] == list(range(1, 51))
     assert [(r["type"], r["spans_sent"]) for r in steps] == [("RUN_START", 0), ("RUN_END", 0)]
 
 

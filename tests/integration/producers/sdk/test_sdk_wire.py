@@ -67,7 +67,7 @@ def test_containers_of_one_run_key_with_writer_and_contiguous_sequences(wire_set
     assert [record_count(m.value) for m in spans] == [400, 400, 400, 200]  # containers of up to batch_records
     span_records, step_records = records_of(spans), records_of(steps)
     assert {r["writer_id"] for r in span_records + step_records} == {tel.writer_id}
-    assert [r["sequence_id"] for r in span_records] == list(range(1, 2 * rollouts + 1))
+    assert [r["writer_sequence"] for r in span_records] == list(range(1, 2 * rollouts + 1))  # publish order
     assert [r["sequence_id"] for r in step_records] == list(range(1, 7 + 2 + 1))
     assert [r["type"] for r in step_records] == ["STEP"] * 7 + ["RUN_START", "RUN_END"]
     assert [r["rollout_id"] for r in span_records[:4]] == ["r0", "r0", "r1", "r1"]
@@ -84,7 +84,7 @@ def test_a_record_too_large_for_any_message_is_refused_and_the_rest_delivered(wi
         tel.grader(step=0, rollout_id="after", term="judge", outcome="ok", duration_s=0.1)
         assert tel.flush(30) == 0
     records = records_of(read(wire_settings, "spans"))
-    assert [(r["rollout_id"], r["sequence_id"]) for r in records] == [("before", 1), ("after", 2), ("after", 3)]
+    assert [(r["rollout_id"], r["writer_sequence"]) for r in records] == [("before", 1), ("after", 2), ("after", 3)]
 
 
 def test_writers_of_one_run_share_its_partition_and_number_their_own_events(wire_settings: Settings) -> None:
@@ -108,7 +108,7 @@ def test_writers_of_one_run_share_its_partition_and_number_their_own_events(wire
     records = records_of(spans)
     for w, tel in enumerate(writers):
         mine = [r for r in records if r["writer_id"] == tel.writer_id]
-        assert [r["sequence_id"] for r in mine] == list(range(1, 50 + 1 + (w == 0)))
+        assert [r["writer_sequence"] for r in mine] == list(range(1, 50 + 1 + (w == 0)))
     assert [r["kind"] for r in records if r["writer_id"] == writers[0].writer_id][-1] == "LLM"
     [hardware] = read(wire_settings, "hardware")
     assert hardware.key == b"GPU-x" and records_of([hardware])[0]["hw_id"] == "GPU-x"

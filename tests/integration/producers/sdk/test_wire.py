@@ -39,5 +39,6 @@ def test_apache_avro_decodes_a_spans_message_from_the_topic_with_span_avsc_as_re
     assert (rollout["project"], rollout["run_id"], rollout["sample_id"], rollout["reward"]) == ("wire", "w1", "s0", 0.0)
     [grader] = [r for r in records if r["kind"] == "GRADER"]
     assert (grader["term"], grader["outcome"], grader["status"]) == ("judge", "timeout", "ERROR")
-    seqs = [r["sequence_id"] for r in records]
+    seqs = [r["writer_sequence"] for r in records]  # publish order; sequence_id is start order, unique too
+    assert len({r["sequence_id"] for r in records}) == len(records)
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) and len({r["writer_id"] for r in records}) == 1
