@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import sys
 import time
@@ -29,7 +28,8 @@ import dashscope
 from dashscope import AioGeneration, Generation
 
 import rlpulse.producers.tracing.spans as spans
-from rlpulse.producers import InMemoryTransport, TrainingTelemetry
+from publish import transport
+from rlpulse.producers import TrainingTelemetry
 from rlpulse.producers.tracing import Tracer, observe_processor, trace_client
 from rlpulse.producers.tracing.dashscope_client import trace_generation
 
@@ -99,12 +99,6 @@ async def adrain_call() -> list[Any]:
     stream = await AioGeneration.call(model="qwen-plus", messages=messages("aio stream"), result_format="message",
                                       stream=True, incremental_output=True, api_key=API_KEY)
     return await adrain(stream)
-
-
-def transport() -> InMemoryTransport | None:
-    """In memory (the spans printed), or, with AGENT_PUBLISH=kafka, the real broker named by the
-    RLPULSE_* settings in the environment (tests/integration/producers/tracing/test_agent_stacks.py)."""
-    return None if os.environ.get("AGENT_PUBLISH") == "kafka" else InMemoryTransport()
 
 
 def main(base_url: str) -> None:

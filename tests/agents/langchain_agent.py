@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 
 from langchain_openai import ChatOpenAI
 
-from rlpulse.producers import InMemoryTransport, TrainingTelemetry
+from publish import transport
+from rlpulse.producers import TrainingTelemetry
 from rlpulse.producers.tracing import Tracer, bind_rollout, trace_client
 
 API_KEY = "sk-langchain-test-" + "0123456789abcdef" * 2
@@ -44,12 +44,6 @@ def calls(llm: ChatOpenAI) -> dict[str, Any]:
     seen["stream_usage_metadata"] = usage[-1] if usage else None
     seen["batch"] = [m.content for m in llm.batch(PROMPTS["batch"])]
     return seen
-
-
-def transport() -> InMemoryTransport | None:
-    """In memory (the spans printed), or, with AGENT_PUBLISH=kafka, the real broker named by the
-    RLPULSE_* settings in the environment (tests/integration/producers/tracing/test_agent_stacks.py)."""
-    return None if os.environ.get("AGENT_PUBLISH") == "kafka" else InMemoryTransport()
 
 
 def main(base_url: str) -> dict[str, Any]:

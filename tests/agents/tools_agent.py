@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,8 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from rlpulse.producers import InMemoryTransport, TrainingTelemetry
+from publish import transport
+from rlpulse.producers import TrainingTelemetry
 from rlpulse.producers.tracing import Tracer, observe_processor, trace_client, trace_tool
 
 SERVER = Path(__file__).with_name("mcp_server.py")
@@ -119,12 +119,6 @@ def rollout(tools: dict[str, Any], graph: Any, *, step: int, rollout_id: str) ->
     custom = trace_tool(score, provider="my-plugin")
     assert trace_tool(custom, provider="my-plugin") is custom
     observed["custom"] = [custom("hello", weight=2.0), asyncio.run(trace_tool(judge)("answer: 42"))]
-
-
-def transport() -> InMemoryTransport | None:
-    """In memory (the spans printed), or, with AGENT_PUBLISH=kafka, the real broker named by the
-    RLPULSE_* settings in the environment (tests/integration/producers/tracing/test_agent_stacks.py)."""
-    return None if os.environ.get("AGENT_PUBLISH") == "kafka" else InMemoryTransport()
 
 
 def main(base_url: str) -> None:

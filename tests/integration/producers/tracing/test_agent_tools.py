@@ -18,8 +18,6 @@ from typing import Any
 
 import pytest
 
-from tests.agents import agent_venv
-from tests.conftest import unavailable
 from tests.dashscope_server import CHUNK_DELAY_S, CHUNKS, FakeDashScope
 from tests.openai_server import FakeOpenAI
 
@@ -29,12 +27,8 @@ AGENTS = Path(__file__).resolve().parents[4] / "tests" / "agents"
 
 
 @pytest.fixture(scope="module")
-def python() -> Path:
-    try:
-        return agent_venv.ensure(log=lambda line: print(f"agent venv: {line}"))
-    except (agent_venv.VenvError, OSError) as exc:
-        unavailable(f"the agent venv {agent_venv.VENV} could not be built "
-                    f"(`python tests/agents/agent_venv.py` builds it): {exc}")
+def python(agent_python: Path) -> Path:
+    return agent_python  # conftest.py builds it
 
 
 def run(python: Path, script: str, url: str, workdir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -17,21 +17,10 @@ from typing import Any
 
 import pytest
 
-from tests.agents import agent_venv
-from tests.conftest import unavailable
 from tests.openai_server import FakeOpenAI
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
 SCRIPT = Path(__file__).resolve().parents[3] / "agents" / "langchain_agent.py"
-
-
-@pytest.fixture(scope="module")
-def agent_python() -> Path:
-    try:
-        return agent_venv.ensure(log=lambda line: print(f"agent venv: {line}"))
-    except (agent_venv.VenvError, OSError) as exc:
-        unavailable(f"the agent venv {agent_venv.VENV} could not be built "
-                    f"(`python tests/agents/agent_venv.py` builds it): {exc}")
 
 
 def test_langchain_calls_are_one_llm_span_per_request_with_the_servers_usage_and_content(agent_python: Path,
