@@ -27,7 +27,7 @@ from tests.integration import until
 from tests.openai_server import FakeOpenAI
 from tests.traced_agent import API_KEY, TOOLS, Agent, Task
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # ~30 s: make test keeps within its 6 minutes
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("openai")
 
