@@ -265,8 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
         "export",
         help="trajectories out for training: (prompt, response, reward) triplets or OpenAI chat messages",
         description=f"Reads traced LLM calls (content recorded: {envvars.TRACE_CONTENT}=1) read-only from ClickHouse. "
-        "triplets: one row per LLM call (prompt, response, the trajectory's reward, turn, final); messages: one row per "
-        "trajectory (the OpenAI chat conversation and its tools). JSONL or Parquet, written by ClickHouse, a page of "
+        "triplets: one row per policy call (prompt, response, token ids when recorded, a placed reward, turn, final); "
+        "messages: one row per trajectory (the policy's OpenAI chat conversation and its tools). A judge's calls (under a "
+        "REWARD entry or GRADER span) are left out unless asked for. JSONL or Parquet, written by ClickHouse, a page of "
         "trajectories at a time (bounded memory whatever the count); the file appears whole once done.",
     )
     p.add_argument("what", choices=["triplets", "messages"])
@@ -279,6 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", dest="sample_id", metavar="ID", help="only trajectories answering this sample (prompt)")
     p.add_argument("--min-reward", type=float, help="only trajectories whose reward is at least this (no reward: left out)")
     p.add_argument("--status", choices=["ok", "error", "unset"], help="only trajectories whose ROLLOUT span has this status")
+    p.add_argument("--per-call", action="store_true",
+                   help="messages: one conversation per call (its messages and reply), as TraceToMessages does")
+    p.add_argument("--reward-to", choices=["last-call", "final", "every-call"], default="last-call",
+                   help="last-call (default, as agent-lightning): each reward (emit_reward, the final one) to the last "
+                   "policy call before it, others null; final: the final reward on the last policy call only; "
+                   "every-call: the final reward on every policy call")
+    p.add_argument("--include-grader-calls", action="store_true",
+                   help="also the calls made under a REWARD entry or GRADER span (a judge), marked grader_call, no reward")
     p.add_argument("--page-size", type=int, default=256, help="trajectories per query (what one query holds in memory)")
     _add_common(p)
     p.set_defaults(func=commands.cmd_export)

@@ -313,15 +313,19 @@ def _require_rows(store, run: str | None, project: str | None) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from rlpulse.sinks.store.clickhouse import open_reader, require_database
-    from rlpulse.sinks.views.export import Filters, export_to
+    from rlpulse.sinks.views.export import Filters, Shape, export_to
 
     filters = Filters(project=args.project, run_id=args.run_id, min_step=args.min_step, max_step=args.max_step,
                       sample_id=args.sample_id, min_reward=args.min_reward, status=args.status)
+    shape = Shape(per_call=args.per_call, reward_to=args.reward_to, include_grader_calls=args.include_grader_calls)
+    if shape.per_call and args.what != "messages":
+        raise ValueError("--per-call shapes messages (triplets are one row per call already)")
     filters.check()  # bad arguments fail before the store is opened
+    shape.check()
     settings = settings_of(args)
     with open_reader(settings.clickhouse_dsn, owner="rlpulse export") as store:
         require_database(store)
-        done = export_to(store, args.what, args.output, args.format, filters, args.page_size)
+        done = export_to(store, args.what, args.output, args.format, filters, args.page_size, shape)
     # stderr: the output may be stdout
     print(f"rlpulse export: {done.rows} {args.what} rows of {done.trajectories} trajectories to {args.output} "
           f"({done.without_calls} selected trajectories had no LLM call; {done.pages} pages)", file=sys.stderr)

@@ -20,7 +20,9 @@ chunk with ``choices: []`` and the usage; then ``data: [DONE]``. Model ``break-s
 
 vLLM's extras: ``return_token_ids: true`` adds the top-level ``prompt_token_ids`` (one id per
 character of the messages' contents, ``ord``) and ``choices[].token_ids`` (one per character of the
-reply's text or tool arguments); ``logprobs: true`` adds ``choices[].logprobs.content`` (a logprob
+reply's text or tool arguments), and the usage counts become those lists' lengths, as vLLM's are
+(model ``ids-mismatch``: one prompt token more than ids, as a server that re-tokenized would say);
+``logprobs: true`` adds ``choices[].logprobs.content`` (a logprob
 per character, ``-(i % 8) / 8``, exact in binary). Streamed, the prompt ids come on the first chunk
 and each chunk carries its piece's ids and logprobs at the choice level.
 
@@ -179,7 +181,7 @@ class FakeOpenAI:
         return 200, self._completion(n, body, token)
 
     def _completion(self, n: int, body: dict[str, Any], token: str) -> dict[str, Any]:
-        messages = body.get("messages", [])
+        messages, model = body.get("messages", []), body.get("model", "")
         last = messages[-1] if messages else {}
         prompt = sum(_tokens(json.dumps(m.get("content"))) for m in messages)
         if body.get("tools") and last.get("role") != "tool":
@@ -200,9 +202,13 @@ class FakeOpenAI:
             "id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1_700_000_000 + n,
             "model": f"{body.get('model')}-served", "system_fingerprint": "fp_test", "choices": [choice],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
-        if body.get("return_token_ids") is True:
+        if body.get("return_token_ids") is True:  # as vLLM: the usage counts are the ids' lengths
             reply["prompt_token_ids"] = [ord(c) for m in messages for c in str(m.get("content") or "")]
             choice["token_ids"] = [ord(c) for c in said]
+            prompt, completion = len(reply["prompt_token_ids"]), len(choice["token_ids"])
+            if model == "ids-mismatch":  # a server whose usage disagrees with its ids (a proxy that re-tokenized)
+                prompt += 1
+            reply["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         if body.get("logprobs") is True:
             choice["logprobs"] = {"content": [{"token": c, "logprob": _logprob(i), "bytes": list(c.encode()),
                                                "top_logprobs": []} for i, c in enumerate(said)]}

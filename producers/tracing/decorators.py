@@ -55,7 +55,7 @@ from rlpulse.producers.tracing.spans import (CURRENT, DEFAULT_CONTENT_LIMIT, MAX
 from rlpulse.schemas.enums import SPAN_KINDS
 
 __all__ = ["DEFAULT_CONTENT_LIMIT", "MAX_METRIC_NAMES", "Tracer", "bind_rollout", "content_from_env", "observe_llm",
-           "observe_processor", "observe_tool", "reward_metrics", "rollout_metrics", "set_reward", "trace_client"]
+           "observe_processor", "observe_tool", "emit_reward", "reward_metrics", "rollout_metrics", "set_reward", "trace_client"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENTRY_KINDS = SPAN_KINDS[:2]  # ROLLOUT and REWARD, the kinds of an entry span (symbols are only ever appended)
@@ -227,6 +227,38 @@ def _entry_of(kind: str | None, what: str) -> OpenSpan:
 def set_reward(reward: float) -> None:
     """The reward of the innermost entry (a REWARD entry's passes on to its ROLLOUT entry)."""
     _entry_of(None, "set_reward").fields["reward"] = v.require_finite("reward", reward)
+
+
+REWARD_SPAN = "rlpulse.reward"  # the name of an emitted reward's span (seed 003's reward annotations)
+REWARD_FINAL, REWARD_NAME = "rlpulse.reward.final", "rlpulse.reward.name"
+
+
+def emit_reward(value: float, *, name: str | None = None, final: bool = False) -> None:
+    """A reward of the current rollout at this point of it (seed 003's ``emit_reward``): an instant
+    ANNOTATION span named ``rlpulse.reward`` with the typed ``reward``, ``rlpulse.reward.final`` and
+    ``rlpulse.reward.name``, whose ``sequence_id`` places it among the rollout's calls, so an export can
+    give an intermediate reward to the call before it (``rlpulse export --reward-to last-call``).
+
+    ``final=True``: the trajectory's reward; inside an entry it is also the entry's (as ``set_reward``),
+    so the streams count it. Call it inside an entry, or where ``bind_rollout`` / ``continue_trace``
+    names the rollout; elsewhere it raises, since a reward of no rollout trains nothing."""
+    reward = v.require_finite("reward", value)
+    if type(final) is not bool:
+        raise ValueError(f"emit_reward's final must be True or False, got {final!r}")
+    if name is not None:
+        v.require_name("emit_reward's name", name, limit=MAX_METRIC_NAME)
+    tracer = current_tracer()
+    if tracer is None:
+        return  # current_tracer said once that nothing is traced without a Tracer
+    span = tracer.open_child("ANNOTATION", REWARD_SPAN)
+    if not span.rollout_id:
+        raise ValueError("emit_reward must be called inside a rollout: a function decorated with @observe_processor, "
+                         "or a block of bind_rollout(rollout_id=...) or continue_trace(...)")
+    span.fields["reward"] = reward
+    span.attributes.update({REWARD_FINAL: final, REWARD_NAME: name or ("final" if final else "reward")})
+    if final and span.entry is not None:
+        span.entry.fields["reward"] = reward
+    tracer.finish(span, None)
 
 
 def _metrics(field_name: str, kind: str, values: Mapping[str, Any]) -> None:

@@ -218,6 +218,8 @@ class Tracer:
                 span.attributes["http.response.status_code"] = status_code
         if span.entry is span:
             record.update(self._entry_fields(span))
+        elif span.fields:  # a reward annotation's typed reward (emit_reward)
+            record.update(span.fields)
         if span.content is not None and span.content.cut:
             with self._lock:
                 self.content_cut += 1

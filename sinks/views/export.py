@@ -1,12 +1,19 @@
 """``rlpulse export triplets|messages``: trajectories out of ``spans`` for training (seed 003's adapters).
 
-* **triplets**: one row per LLM call of a trajectory (agent-lightning's ``TracerTraceToTriplet``): the
+* **triplets**: one row per *policy* call of a trajectory (agent-lightning's ``TracerTraceToTriplet``): the
   call's ``prompt`` (the chat messages it sent), its ``response`` (the assistant message that came back),
-  and the trajectory's ``reward`` (its ROLLOUT span's, else its REWARD entry span's), with ``turn`` (the
-  call's place in the trajectory, from 0) and ``final`` (its last call).
-* **messages**: one row per trajectory with at least one LLM call (``TraceToMessages``): ``messages``, the
-  OpenAI chat conversation (its last call's messages, which an agent loop resends whole, plus that
-  call's reply: system, user, assistant with ``tool_calls``, tool), and ``tools`` that call offered.
+  ``prompt_ids`` / ``response_ids`` / ``response_logprobs`` when the tracer recorded them, and a
+  ``reward`` placed by ``--reward-to`` (``trajectory_reward``: the final one), with ``turn`` (the call's
+  place among the exported calls, from 0) and ``final`` (the last of them).
+* **messages**: one row per trajectory with a policy call: ``messages``, the policy's OpenAI chat
+  conversation (its last policy call's messages, which an agent loop resends whole, plus that call's reply:
+  system, user, assistant with ``tool_calls``, tool), the ``tools`` that call offered, the final reward.
+  ``--per-call``: one row per call, its own messages plus its reply (``TraceToMessages``).
+
+The policy's calls are the LLM spans with no REWARD entry or GRADER span above them: a reward function's
+judge is not a turn of the trajectory, nor is its prompt the conversation. ``--include-grader-calls``
+adds them to triplets and per-call rows, marked ``grader_call`` and given no reward. What is a policy
+call, where each reward goes and how token ids are checked: ``rlpulse.sinks.views.export_sql``.
 
 Prompts and replies are the content the tracer recorded (``rlpulse.producers.tracing``, content on); a
 call recorded without content exports null prompt and response, and a cut one counts its cut
@@ -15,9 +22,10 @@ run, step range, sample, minimum reward, status of the ROLLOUT span.
 
 ClickHouse writes every byte: JSONL rows are built by the query (nested JSON: ``prompt``, ``response``,
 ``messages`` and ``tools`` as arrays and objects, every other value through ``toJSONString``) and sent
-as ``TabSeparatedRaw``; Parquet pages are ClickHouse's ``FORMAT Parquet`` (those four as JSON text),
-appended by pyarrow as row groups of one file. The queries run read-only (``readonly=1``, or the
-sink's read endpoint), so the sink may go on writing meanwhile.
+as ``TabSeparatedRaw``; Parquet pages are ClickHouse's ``FORMAT Parquet`` (those four as JSON text, the
+token ids as lists), appended by pyarrow as row groups of one file (``datasets.load_dataset("parquet")``
+reads it). The queries run read-only (``readonly=1``, or the sink's read endpoint), so the sink may go
+on writing meanwhile.
 
 Bounded memory, whatever the number of trajectories: trajectories are read in pages. A key page
 (``KEY_PAGE`` keys: run, attempt, rollout id and the span sequence range the trajectory covers) is
@@ -40,6 +48,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from rlpulse.sinks.store.clickhouse import Store
+from rlpulse.sinks.views.export_sql import PLACEMENTS, page_sql
 from rlpulse.sinks.views.trajectories import SAMPLE_SQL
 
 KINDS = ("triplets", "messages")
@@ -94,7 +103,9 @@ class Exported:
 # -- listing the selected trajectories ---------------------------------------------------------------
 
 def _key_sql(filters: Filters) -> tuple[str, dict[str, Any]]:
-    inner, outer, params = ["rollout_id != ''", "kind IN ('ROLLOUT', 'REWARD', 'LLM')"], ["entries > 0"], {}
+    # every kind: a page's sequence range must hold the spans between a call and its ROLLOUT (a REWARD entry,
+    # a tool) to tell the policy's calls from a grader's, and the reward annotations to place them
+    inner, outer, params = ["rollout_id != ''"], ["entries > 0"], {}
     if filters.project is not None:
         inner.append("project = {project:String}")
         params["project"] = filters.project
@@ -163,107 +174,34 @@ def pages(selected: Iterator[Key], page_size: int, counts: Exported) -> Iterator
         yield page
 
 
-# -- one page of rows ----------------------------------------------------------------------------------
+# -- one page of rows (the SQL: rlpulse.sinks.views.export_sql) ------------------------------------------
 
-def _json_or_text(expr: str) -> str:
-    """A recorded JSON value as itself (its whitespace made one line), or, when it is not valid JSON (cut as
-    text by the cap, or written by another writer), as a JSON string; null when nothing was recorded."""
-    return (f"if({expr} = '', 'null', if(isValidJSON({expr}), replaceRegexpAll({expr}, '[\\\\r\\\\n\\\\t]', ' '), "
-            f"toJSONString({expr})))")
+@dataclass(frozen=True)
+class Shape:
+    """What a row is: ``per_call`` (messages: one row per call), where rewards go, whether grader calls come too."""
+    per_call: bool = False
+    reward_to: str = "last-call"
+    include_grader_calls: bool = False
 
+    def check(self) -> None:
+        if self.reward_to not in PLACEMENTS:
+            raise ValueError(f"--reward-to must be one of {', '.join(PLACEMENTS)}; got {self.reward_to!r}")
 
-def _js(expr: str) -> str:
-    return f"ifNull(toJSONString({expr}), 'null')"
-
-
-_PAGE = """
-    WITH page AS (
-        SELECT rollout_id, kind, span_id, sequence_id, start_time_ns, status, step, {sample} AS sample, reward,
-               attributes['gen_ai.input.messages'] AS prompt_raw, attributes['gen_ai.output.messages'] AS output_raw,
-               attributes['gen_ai.tool.definitions'] AS tools_raw,
-               if(attributes['gen_ai.response.model'] != '', attributes['gen_ai.response.model'],
-                  attributes['gen_ai.request.model']) AS model,
-               toInt64OrNull(attributes['gen_ai.usage.input_tokens']) AS input_tokens,
-               toInt64OrNull(attributes['gen_ai.usage.output_tokens']) AS output_tokens,
-               toUInt64OrZero(attributes['rlpulse.content.cut_chars']) AS content_cut
-        FROM {{db}}.spans
-        WHERE project = {{project:String}} AND run_id = {{run:String}} AND attempt = {{attempt:UInt32}}
-          AND sequence_id BETWEEN {{lo:UInt64}} AND {{hi:UInt64}} AND has({{ids:Array(String)}}, rollout_id)
-          AND kind IN ('ROLLOUT', 'REWARD', 'LLM')
-        ORDER BY span_id, sequence_id LIMIT 1 BY span_id),
-    traj AS (
-        SELECT rollout_id, anyIf(step, kind = 'ROLLOUT') AS step, anyIf(sample, kind = 'ROLLOUT') AS sample_id,
-               ifNull(anyIf(reward, kind = 'ROLLOUT'), anyIf(reward, kind = 'REWARD')) AS reward,
-               anyIf(status, kind = 'ROLLOUT') AS status
-        FROM page GROUP BY rollout_id),
-    calls AS (
-        SELECT *, if(isValidJSON(output_raw) AND JSONType(output_raw) = 'Array', JSONExtractRaw(output_raw, 1),
-                     output_raw) AS response_raw,
-               toUInt32(row_number() OVER (PARTITION BY rollout_id ORDER BY sequence_id, start_time_ns, span_id) - 1) AS turn,
-               count() OVER (PARTITION BY rollout_id) AS turns
-        FROM page WHERE kind = 'LLM')
-"""
-
-_TRIPLETS = _PAGE + """
-    SELECT {{project:String}} AS project, {{run:String}} AS run_id, {{attempt:UInt32}} AS attempt, t.step AS step,
-           t.sample_id AS sample_id, c.rollout_id AS rollout_id, c.turn AS turn, toBool(c.turn + 1 = c.turns) AS `final`,
-           c.model AS model, nullIf(c.prompt_raw, '') AS prompt, nullIf(c.response_raw, '') AS response,
-           t.reward AS reward, t.status AS status,
-           c.status AS call_status, c.input_tokens AS input_tokens, c.output_tokens AS output_tokens,
-           c.content_cut AS content_cut
-    FROM calls AS c INNER JOIN traj AS t ON c.rollout_id = t.rollout_id
-    ORDER BY indexOf({{ids:Array(String)}}, rollout_id), turn
-"""
-
-_MESSAGES = _PAGE + """
-    , last AS (
-        SELECT rollout_id, argMax(prompt_raw, turn) AS prompt, argMax(response_raw, turn) AS response,
-               argMax(tools_raw, turn) AS tools, count() AS calls, sum(content_cut) AS content_cut,
-               sumOrNull(input_tokens) AS input_tokens, sumOrNull(output_tokens) AS output_tokens
-        FROM calls GROUP BY rollout_id)
-    SELECT {{project:String}} AS project, {{run:String}} AS run_id, {{attempt:UInt32}} AS attempt, t.step AS step,
-           t.sample_id AS sample_id, l.rollout_id AS rollout_id, t.reward AS reward, t.status AS status,
-           if(isValidJSON(l.prompt) AND JSONType(l.prompt) = 'Array' AND isValidJSON(l.response)
-              AND JSONType(l.response) = 'Object',
-              concat(substring(trimRight(l.prompt), 1, length(trimRight(l.prompt)) - 1),
-                     if(JSONLength(l.prompt) = 0, '', ','), l.response, ']'), NULL) AS messages,
-           nullIf(l.tools, '') AS tools, l.calls AS calls, l.input_tokens AS input_tokens, l.output_tokens AS output_tokens,
-           l.content_cut AS content_cut
-    FROM last AS l INNER JOIN traj AS t ON l.rollout_id = t.rollout_id
-    ORDER BY indexOf({{ids:Array(String)}}, rollout_id)
-"""
-
-_JSON_COLUMNS = {"triplets": ("prompt", "response"), "messages": ("messages", "tools")}
-_COLUMNS = {
-    "triplets": ("project", "run_id", "attempt", "step", "sample_id", "rollout_id", "turn", "final", "model", "prompt",
-                 "response", "reward", "status", "call_status", "input_tokens", "output_tokens", "content_cut"),
-    "messages": ("project", "run_id", "attempt", "step", "sample_id", "rollout_id", "reward", "status", "messages",
-                 "tools", "calls", "input_tokens", "output_tokens", "content_cut"),
-}
+    def query(self, what: str) -> str:
+        return "per-call" if what == "messages" and self.per_call else what
 
 
-def page_sql(what: str, fmt: str, database: str) -> str:
-    """The query of one page of ``what`` in ``fmt``; JSONL rows are one JSON object each, built in SQL."""
-    body = (_TRIPLETS if what == "triplets" else _MESSAGES).format(sample=SAMPLE_SQL).replace("{db}", database)
-    if fmt == "parquet":
-        return body
-    def value(c: str) -> str:
-        return _json_or_text(f"ifNull(`{c}`, '')") if c in _JSON_COLUMNS[what] else _js(f"`{c}`")
-
-    parts = [f"'{'{' if i == 0 else ','}\"{c}\":', {value(c)}" for i, c in enumerate(_COLUMNS[what])]
-    return f"SELECT concat({', '.join(parts)}, '}}') AS line FROM ({body})"
-
-
-def _page_params(page: list[Key]) -> dict[str, Any]:
+def _page_params(page: list[Key], shape: Shape) -> dict[str, Any]:
     first = page[0]
     return {"project": first.project, "run": first.run_id, "attempt": first.attempt, "ids": [k.rollout_id for k in page],
-            "lo": min(k.min_seq for k in page), "hi": max(k.max_seq for k in page)}
+            "lo": min(k.min_seq for k in page), "hi": max(k.max_seq for k in page), "reward_to": shape.reward_to,
+            "graders": int(shape.include_grader_calls)}
 
 
 # -- writing -------------------------------------------------------------------------------------------
 
 def export(store: Store, what: str, out: BinaryIO, fmt: str, filters: Filters = Filters(),
-           page_size: int = PAGE_SIZE, key_page: int = KEY_PAGE) -> Exported:
+           page_size: int = PAGE_SIZE, key_page: int = KEY_PAGE, shape: Shape = Shape()) -> Exported:
     """Write the selected trajectories as ``what`` (triplets or messages) in ``fmt`` (jsonl or parquet) to ``out``."""
     if what not in KINDS:
         raise ValueError(f"export what? one of {', '.join(KINDS)}; got {what!r}")
@@ -272,25 +210,27 @@ def export(store: Store, what: str, out: BinaryIO, fmt: str, filters: Filters = 
     if type(page_size) is not int or page_size < 1:
         raise ValueError(f"--page-size must be a positive integer, got {page_size!r}")
     filters.check()
+    shape.check()
     counts = Exported()
-    sql = page_sql(what, fmt, store.database)
+    sql = page_sql(shape.query(what), fmt, store.database)
     writer = None
     try:
         for page in pages(keys(store, filters, key_page), page_size, counts):
             counts.pages += 1
             if fmt == "jsonl":
-                stream = store.client.raw_stream(sql, parameters=_page_params(page), settings=READ, fmt="TabSeparatedRaw")
+                stream = store.client.raw_stream(sql, parameters=_page_params(page, shape), settings=READ, fmt="TabSeparatedRaw")
                 with contextlib.closing(stream):  # consumed and closed before the next query (chDB allows one at a time)
                     while chunk := stream.read(1 << 20):
                         out.write(chunk)
                         counts.rows += chunk.count(b"\n")
             else:
-                table = _parquet_page(store, sql, _page_params(page))
+                table = _parquet_page(store, sql, _page_params(page, shape))
                 writer = writer or _parquet_writer(out, table.schema)
                 writer.write_table(table)
                 counts.rows += table.num_rows
         if fmt == "parquet" and writer is None:  # nothing selected: an empty file with the columns
-            empty = {"project": "", "run": "", "attempt": 0, "ids": [], "lo": 1, "hi": 0}
+            empty = {"project": "", "run": "", "attempt": 0, "ids": [], "lo": 1, "hi": 0, "reward_to": shape.reward_to,
+                     "graders": 0}
             table = _parquet_page(store, sql, empty)
             writer = _parquet_writer(out, table.schema)
             writer.write_table(table)
@@ -323,19 +263,19 @@ def format_of(path: str, fmt: str | None) -> str:
 
 
 def export_to(store: Store, what: str, path: str, fmt: str | None = None, filters: Filters = Filters(),
-              page_size: int = PAGE_SIZE) -> Exported:
+              page_size: int = PAGE_SIZE, shape: Shape = Shape()) -> Exported:
     """Export to ``path`` ('-': standard output, JSONL only), written whole or not at all: a temporary
     file beside it (the owner's only) renamed into place once the last page is in."""
     fmt = format_of(path, fmt)
     if path == "-":
         if fmt != "jsonl":
             raise ValueError("Parquet goes to a file: give --output PATH")
-        return export(store, what, sys.stdout.buffer, fmt, filters, page_size)
+        return export(store, what, sys.stdout.buffer, fmt, filters, page_size, shape=shape)
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent if str(target.parent) else ".")
     try:
         with os.fdopen(fd, "wb") as out:
-            counts = export(store, what, out, fmt, filters, page_size)
+            counts = export(store, what, out, fmt, filters, page_size, shape=shape)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -18,7 +18,7 @@ import pytest
 from rlpulse.producers import InMemoryTransport, TrainingTelemetry
 from rlpulse.producers.tracing import Tracer, observe_processor, set_reward, trace_client
 from rlpulse.sinks.store.clickhouse import migrate, open_reader, open_store
-from rlpulse.sinks.views.export import Filters, export
+from rlpulse.sinks.views.export import Filters, Shape, export
 from tests.openai_server import FakeOpenAI
 from tests.traced_agent import API_KEY, load_spans
 
@@ -112,8 +112,12 @@ def test_each_filter_selects_exactly_its_trajectories(store_url: str, filters: F
 def test_triplets_are_one_row_per_call_with_the_trajectorys_reward(store_url: str) -> None:
     data, counts = exported(store_url, filters=Filters(run_id="run-a", max_step=0))
     rows = [json.loads(line) for line in data.decode().splitlines()]
-    assert [(r["rollout_id"], r["turn"], r["final"], r["reward"]) for r in rows] == [
-        (f"a-0-{i}", t, t == i % 2, i / 16) for i in range(4) for t in range(1 + i % 2)]
+    # --reward-to last-call (the default): set_reward's final reward goes to the last call, the others none
+    assert [(r["rollout_id"], r["turn"], r["final"], r["reward"], r["trajectory_reward"]) for r in rows] == [
+        (f"a-0-{i}", t, t == i % 2, i / 16 if t == i % 2 else None, i / 16) for i in range(4) for t in range(1 + i % 2)]
+    every, _ = exported(store_url, filters=Filters(run_id="run-a", max_step=0), shape=Shape(reward_to="every-call"))
+    assert [(r["rollout_id"], r["turn"], r["reward"]) for r in map(json.loads, every.decode().splitlines())] == [
+        (f"a-0-{i}", t, i / 16) for i in range(4) for t in range(1 + i % 2)]
     assert [r["prompt"] for r in rows[:2]] == [[{"role": "user", "content": "a-0-0 turn 0"}],
                                                 [{"role": "user", "content": "a-0-1 turn 0"}]]
     assert (counts.trajectories, counts.without_calls, counts.rows) == (4, 0, 6)
