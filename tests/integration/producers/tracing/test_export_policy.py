@@ -26,7 +26,10 @@ import pytest
 from rlpulse.producers import InMemoryTransport, TrainingTelemetry
 from rlpulse.producers.tracing import Tracer, emit_reward, observe_processor, trace_client
 from rlpulse.sinks.store.clickhouse import migrate, open_reader, open_store
+from rlpulse.sinks.read.queries import run_query, saved_sql
+from rlpulse.sinks.views import trajectories
 from rlpulse.sinks.views.export import Shape, export
+from rlpulse.sinks.views.rewards import find_final_reward, find_reward_spans, reward_spans
 from tests.openai_server import FakeOpenAI
 from tests.traced_agent import API_KEY, TOOLS, load_spans
 
@@ -164,3 +167,29 @@ def test_the_parquet_loads_with_hugging_face_datasets(traced: dict[str, Any], ag
             for r in loaded["rows"]] == [(r["rollout_id"], r["turn"], r["prompt_ids"], r["response_ids"], r["reward"])
                                          for r in want]
     assert [json.loads(r["prompt"]) for r in loaded["rows"]] == [r["prompt"] for r in want]
+
+
+def test_every_reward_and_the_final_one_in_sql_and_in_python(traced: dict[str, Any]) -> None:
+    with open_reader(traced["url"], owner="test") as store:
+        found = reward_spans(store, "run-1", 1, "r-ok")  # the saved query reward-spans
+        chosen = trajectories.select(store, "run-1", 1, step=1, sample="s-0")
+    with open_reader(traced["url"], owner="test") as store:  # run_query leaves its client read-only
+        params = {"run_id": "run-1", "attempt": "1"}
+        columns, table = run_query(store.client, saved_sql("final-rewards", params, store.database), params)
+    # start order: the ROLLOUT entry opened first, the intermediate reward after two calls, the REWARD entry last
+    assert [(r.source, r.value, r.final) for r in found] == [
+        ("rollout", FINAL, False), ("annotation", INTERMEDIATE, False), ("reward_entry", FINAL, False)]
+    assert find_final_reward(found) == FINAL
+    finals = {row[columns.index("rollout_id")]: row for row in table}
+    assert sorted(finals) == ["r-bad", "r-ok"]
+    assert [finals["r-ok"][columns.index(c)] for c in ("final_reward", "source", "intermediate_rewards")] == \
+        [FINAL, "rollout", 1]
+    spans = {t.key: t for t in chosen.trajectories}
+    tree = spans["r-ok"].tree
+    flat, stack = [], list(tree.roots)
+    while stack:
+        s = stack.pop()
+        flat.append(s)
+        stack.extend(s.children)
+    assert [(r.source, r.value) for r in find_reward_spans(flat)] == [(r.source, r.value) for r in found]
+    assert find_final_reward(flat) == FINAL

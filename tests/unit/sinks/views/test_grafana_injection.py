@@ -122,7 +122,8 @@ def test_hostile_values_stay_one_literal_in_every_panel() -> None:
         ("reward-percentiles", "run_id"), ("reward-percentiles", "attempt"), ("span-tree", "run_id"),
         ("span-tree", "attempt"), ("span-tree", "rollout_id"), ("step-metrics", "run_id"), ("checkpoints", "run_id"),
         ("failures-by-step", "run_id"), ("engine-by-step", "run_id"), ("engine-by-step", "attempt"),
-        ("trace-calls", "run_id"), ("content-dropped", "run_id")}
+        ("trace-calls", "run_id"), ("content-dropped", "run_id"), ("final-rewards", "run_id"),
+        ("final-rewards", "attempt"), ("reward-spans", "run_id"), ("reward-spans", "attempt"), ("reward-spans", "rollout_id")}
     out = clickhouse(queries)
 
     for key, name, variable, value in expected:
