@@ -120,6 +120,28 @@ def _walk(roots: Sequence[SpanRow], limit: int) -> set[str]:
     return seen
 
 
+GRADING_KINDS = ("REWARD", "GRADER")  # a call below one of these is a judge's, not a turn of the policy
+
+
+def grader_call_ids(spans: Iterable[SpanRow], depth: int = 64) -> set[str]:
+    """The LLM spans among ``spans`` (one trajectory's) with a REWARD entry or GRADER span above them: the
+    calls a reward function made (a judge), which are no turn of the policy (as ``rlpulse export`` reads them)."""
+    by_id = {s.span_id: s for s in spans}
+    found = set()
+    for s in by_id.values():
+        if s.kind != "LLM":
+            continue
+        up = by_id.get(s.parent_span_id or "")
+        for _ in range(depth):  # bounded: a parent cycle ends here too
+            if up is None:
+                break
+            if up.kind in GRADING_KINDS:
+                found.add(s.span_id)
+                break
+            up = by_id.get(up.parent_span_id or "")
+    return found
+
+
 # -- reading ---------------------------------------------------------------------------------
 
 @dataclass

@@ -19,7 +19,8 @@ from rlpulse.sinks.views import ui_data as data
 from rlpulse.sinks.views import ui_spans as spans
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.html_escape import esc
-from rlpulse.sinks.views.trajectories import NO_SAMPLE, build_tree
+from rlpulse.sinks.views.rewards import final_reward_of, find_reward_spans
+from rlpulse.sinks.views.trajectories import NO_SAMPLE, build_tree, grader_call_ids
 from rlpulse.sinks.views.trajectory_html import TOOL_KEYS, duration, tree_html
 from rlpulse.sinks.views.ui_html import block, href, num, table, text
 from rlpulse.sinks.views.ui_pages import NotFound
@@ -186,20 +187,36 @@ def _message(m: Any) -> str:
 
 
 def _dialogue(spans: list[Any]) -> str:
-    """The conversation of the trajectory's last LLM call that recorded content: what it sent, then its reply.
-    An agent loop resends the whole conversation, so that call holds every earlier turn, tool calls and results."""
-    calls = [s for s in spans if s.kind == "LLM" and s.attributes.get("gen_ai.input.messages")]
+    """The conversation of the trajectory's last policy call that recorded content: what it sent, then its reply.
+    An agent loop resends the whole conversation, so that call holds every earlier turn, tool calls and results.
+    A judge's calls (under a REWARD entry or GRADER span) are not the policy's dialogue: counted, not drawn."""
+    judged = grader_call_ids(spans)
+    calls = [s for s in spans if s.kind == "LLM" and s.attributes.get("gen_ai.input.messages") and s.span_id not in judged]
+    judges = (f'<p class="muted judge-calls">{len(judged)} call(s) made by the reward function (a judge) are not part '
+              "of the dialogue; the span tree below shows them.</p>") if judged else ""
     if not calls:
-        return (f'<p class="muted no-content">No message content was recorded for this trajectory ({TRACE_CONTENT}=1 '
+        return judges + (f'<p class="muted no-content">No message content was recorded for this trajectory ({TRACE_CONTENT}=1 '
                 "turns it on in the job; the span tree below shows its calls).</p>")
     last = calls[-1]
     sent, got = _json(last.attributes["gen_ai.input.messages"]), _json(last.attributes.get("gen_ai.output.messages", "[]"))
     if not isinstance(sent, list):
         return f'<pre class="raw">{block(last.attributes["gen_ai.input.messages"])}</pre>'
     cut = sum(int(s.attributes.get(CUT_CHARS, "0") or 0) for s in spans if str(s.attributes.get(CUT_CHARS, "0")).isdigit())
-    note = f'<p class="muted">The content cap cut {cut} characters of this trajectory.</p>' if cut else ""
+    note = judges + (f'<p class="muted">The content cap cut {cut} characters of this trajectory.</p>' if cut else "")
     return note + '<div class="dialogue">' + "".join(_message(m) for m in sent + (got if isinstance(got, list) else [])) \
         + "</div>"
+
+
+def _rewards(spans: list[Any]) -> str:
+    """Every reward of the trajectory in start order (seed 003's find_reward_spans), the final one marked."""
+    found = find_reward_spans(spans)
+    if not any(r.source == "annotation" for r in found):
+        return ""  # the one reward is in the figures above
+    final = final_reward_of(found)
+    body = "".join(f'<tr class="reward" data-source="{esc(r.source)}"{" data-final" if r is final else ""}>'
+                   f"<td>{text(r.source)}</td><td>{text(r.name)}</td><td class=\"n\">{num(r.value)}</td>"
+                   f"<td>{'final' if r is final else ''}</td></tr>" for r in found)
+    return "<h2>Rewards</h2>" + table(("source", "name", "reward", ""), body, "rewards")
 
 
 def trajectory_page(store: Store, project: str, run: str, attempt: int, rollout: str) -> tuple[str, int | None, str | None]:
@@ -249,6 +266,7 @@ def trajectory_page(store: Store, project: str, run: str, attempt: int, rollout:
         kept += (f'<p class="muted content-cut">The sink cut {d.cut_chars} characters of attribute values '
                  f"({SINK_CONTENT_MAX_CHARS}, and the content of capped spans).</p>")
     body = (head + kept + "<h2>Dialogue</h2>" + _dialogue(d.spans)
+            + _rewards(d.spans)
             + "<h2>Tool calls</h2>" + (table(("tool", "status", "duration", "arguments", "result"), tools, "tools")
                                        if tools else '<p class="muted">No tool calls.</p>')
             + "<h2>Graders</h2>" + (table(("term", "outcome", "score", "duration", "message"), graders, "graders")

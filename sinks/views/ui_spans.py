@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlpulse.sinks.store.clickhouse import Store
+from rlpulse.sinks.views.rewards import find_final_reward
 from rlpulse.sinks.views.trajectories import SAMPLE_SQL, SPAN_CAP, SpanRow
 from rlpulse.sinks.views.ui_data import has_column, rows, saved
 
@@ -70,9 +71,8 @@ def trajectory(store: Store, project: str, run: str, attempt: int, rollout_id: s
 
 
 def reward_of(data: TrajectoryData) -> float | None:
-    if data.rollout is not None and "reward" in data.rollout.typed:
-        return float(data.rollout.typed["reward"])
-    return next((float(s.typed["reward"]) for s in data.spans if s.kind == "REWARD" and "reward" in s.typed), None)
+    """The trajectory's final reward, as ``rlpulse export`` reads it (``rlpulse.sinks.views.rewards``)."""
+    return find_final_reward(data.spans)
 
 
 def first(mapping: Mapping[str, Any], *keys: str) -> Any:

@@ -193,3 +193,16 @@ def test_every_reward_and_the_final_one_in_sql_and_in_python(traced: dict[str, A
         stack.extend(s.children)
     assert [(r.source, r.value) for r in find_reward_spans(flat)] == [(r.source, r.value) for r in found]
     assert find_final_reward(flat) == FINAL
+
+
+def test_the_trajectory_page_shows_the_policys_dialogue_and_its_rewards(traced: dict[str, Any]) -> None:
+    from rlpulse.sinks.views.ui_detail import trajectory_page
+
+    with open_reader(traced["url"], owner="test") as store:
+        body, step, sample = trajectory_page(store, "pol", "run-1", 1, "r-ok")
+    dialogue = body[body.index("<h2>Dialogue</h2>"):body.index("<h2>Tool calls</h2>")]
+    assert "are you sure?" in dialogue and "answer: are you sure?" in dialogue  # the policy's last call and reply
+    assert "grade answers" not in dialogue  # the judge's prompt is no turn of the policy
+    assert "1 call(s) made by the reward function" in dialogue
+    assert dialogue.count('class="reward"') == 3 and dialogue.count("data-final") == 1
+    assert 'data-source="annotation"' in dialogue and (step, sample) == (1, "s-0")
