@@ -234,7 +234,7 @@ REWARD_FINAL, REWARD_NAME = "rlpulse.reward.final", "rlpulse.reward.name"
 
 
 def emit_reward(value: float, *, name: str | None = None, final: bool = False) -> None:
-    """A reward of the current rollout at this point of it (seed 003's ``emit_reward``): an instant
+    """A reward of the current rollout at this point of it (seed 003's ``emit_reward``): a
     ANNOTATION span named ``rlpulse.reward`` with the typed ``reward``, ``rlpulse.reward.final`` and
     ``rlpulse.reward.name``, whose ``sequence_id`` places it among the rollout's calls, so an export can
     give an intermediate reward to the call before it (``rlpulse export --reward-to last-call``).
