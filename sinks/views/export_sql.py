@@ -45,6 +45,7 @@ _PAGE = """
                toInt64OrNull(attributes['gen_ai.usage.input_tokens']) AS input_tokens,
                toInt64OrNull(attributes['gen_ai.usage.output_tokens']) AS output_tokens,
                toUInt64OrZero(attributes['rlpulse.content.cut_chars']) AS content_cut,
+               attributes['gen_ai.response.finish_reasons'] AS finish_reason, attributes['gen_ai.response.id'] AS response_id,
                attributes['rlpulse.prompt_token_ids'] AS p_raw, attributes['rlpulse.response_token_ids'] AS r_raw,
                attributes['rlpulse.response_logprobs'] AS lp_raw, attributes['rlpulse.token_ids_cut'] != '' AS ids_cut
         FROM {{db}}.spans
@@ -92,7 +93,6 @@ _PAGE = """
                   c.output_raw) AS response_raw,
                toUInt32(row_number() OVER (PARTITION BY c.rollout_id ORDER BY c.sequence_id, c.start_time_ns, c.span_id)
                         - 1) AS turn,
-               count() OVER (PARTITION BY c.rollout_id) AS turns,
                JSONExtract(c.p_raw, 'Array(Int64)') AS p_all, JSONExtract(c.r_raw, 'Array(Int64)') AS r_all,
                JSONExtract(c.lp_raw, 'Array(Float64)') AS lp_all,
                multiIf(c.ids_cut, 'cut', NOT (isValidJSON(c.p_raw) AND JSONType(c.p_raw) = 'Array' AND isValidJSON(c.r_raw)
@@ -114,8 +114,10 @@ def conversation(prompt: str, response: str) -> str:
 
 
 _CALL_COLUMNS = """{{project:String}} AS project, {{run:String}} AS run_id, {{attempt:UInt32}} AS attempt, t.step AS step,
-           t.sample_id AS sample_id, c.rollout_id AS rollout_id, c.turn AS turn, toBool(c.turn + 1 = c.turns) AS `final`,
-           c.grader_call AS grader_call, c.span_id AS span_id, c.model AS model"""
+           t.sample_id AS sample_id, c.rollout_id AS rollout_id, c.turn AS turn,
+           toBool(c.last_of_role AND NOT c.grader_call) AS `final`,
+           c.grader_call AS grader_call, c.span_id AS span_id, c.model AS model, nullIf(c.response_id, '') AS response_id,
+           nullIf(c.finish_reason, '') AS finish_reason"""
 _TOKEN_COLUMNS = """c.token_ids AS token_ids, c.prompt_ids AS prompt_ids, c.response_ids AS response_ids,
            c.response_logprobs AS response_logprobs"""
 _ORDER = "ORDER BY indexOf({{ids:Array(String)}}, rollout_id), turn"
@@ -142,7 +144,7 @@ _PER_CALL = _PAGE + f"""
 _MESSAGES = _PAGE + """
     , last AS (
         SELECT rollout_id, argMax(prompt_raw, turn) AS prompt, argMax(response_raw, turn) AS response,
-               argMax(tools_raw, turn) AS tools, count() AS calls, sum(content_cut) AS content_cut,
+               argMaxIf(tools_raw, turn, tools_raw != '') AS tools, count() AS calls, sum(content_cut) AS content_cut,
                sumOrNull(input_tokens) AS input_tokens, sumOrNull(output_tokens) AS output_tokens
         FROM calls WHERE NOT grader_call GROUP BY rollout_id)
     SELECT {{project:String}} AS project, {{run:String}} AS run_id, {{attempt:UInt32}} AS attempt, t.step AS step,
@@ -154,7 +156,7 @@ _MESSAGES = _PAGE + """
 """
 
 _CALL = ("project", "run_id", "attempt", "step", "sample_id", "rollout_id", "turn", "final", "grader_call", "span_id",
-         "model")
+         "model", "response_id", "finish_reason")
 _TOKENS = ("token_ids", "prompt_ids", "response_ids", "response_logprobs")
 COLUMNS = {
     "triplets": _CALL + ("sequence_id", "prompt", "response", "reward", "trajectory_reward", "status", "call_status",

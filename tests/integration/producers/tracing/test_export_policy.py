@@ -104,6 +104,7 @@ def test_triplets_are_the_policys_calls_with_what_the_server_said(traced: dict[s
         assert (row["input_tokens"], row["output_tokens"]) == (reply["usage"]["prompt_tokens"],
                                                                reply["usage"]["completion_tokens"])
         assert row["token_ids"] == "ok"
+        assert (row["response_id"], row["finish_reason"]) == (reply["id"], reply["choices"][0]["finish_reason"])
         assert row["prompt_ids"] == reply["prompt_token_ids"]
         assert row["response_ids"] == reply["choices"][0]["token_ids"]
         assert row["response_logprobs"] == [x["logprob"] for x in reply["choices"][0]["logprobs"]["content"]]
@@ -116,7 +117,8 @@ def test_grader_calls_come_back_marked_and_unrewarded_when_asked_for(traced: dic
     judge_request = calls(traced, "r-ok")[3][0]
     assert [(r["turn"], r["grader_call"], r["reward"]) for r in got] == [
         (0, False, None), (1, False, INTERMEDIATE), (2, False, FINAL), (3, True, None)]
-    assert got[3]["prompt"] == judge_request["messages"] and got[3]["final"] is True
+    assert got[3]["prompt"] == judge_request["messages"]
+    assert [r["final"] for r in got] == [False, False, True, False]  # final: the policy's last call, not the judge's
 
 
 @pytest.mark.parametrize("reward_to,want", [
@@ -135,7 +137,7 @@ def test_messages_are_the_policys_conversation(traced: dict[str, Any]) -> None:
     last_request, last_reply = calls(traced, "r-ok")[2]
     assert got["r-ok"]["messages"] == [*last_request["messages"], last_reply["choices"][0]["message"]]
     assert (got["r-ok"]["reward"], got["r-ok"]["calls"]) == (FINAL, 3)
-    assert got["r-ok"]["tools"] is None  # the last policy call offered none
+    assert got["r-ok"]["tools"] == TOOLS  # the latest policy call that offered tools (the last one offered none)
     per_call = [r for r in rows(traced, "messages", per_call=True) if r["rollout_id"] == "r-ok"]
     assert [(r["turn"], r["reward"]) for r in per_call] == [(0, None), (1, INTERMEDIATE), (2, FINAL)]
     for row, (request, reply) in zip(per_call, calls(traced, "r-ok")[:3]):
