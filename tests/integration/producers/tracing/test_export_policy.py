@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +210,22 @@ def test_the_trajectory_page_shows_the_policys_dialogue_and_its_rewards(traced: 
     assert "1 call(s) made by the reward function" in dialogue
     assert dialogue.count('class="reward"') == 3 and dialogue.count("data-final") == 1
     assert 'data-source="annotation"' in dialogue and (step, sample) == (1, "s-0")
+
+
+def test_the_command_line_takes_the_shape(traced: dict[str, Any]) -> None:
+    env = {**os.environ, "RLPULSE_CLICKHOUSE_URL": traced["url"]}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rlpulse.cli", "export", *args], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    done = cli("messages", "-o", "-", "--run", "run-1", "--per-call", "--reward-to", "every-call", "--include-grader-calls")
+    assert done.returncode == 0, done.stderr
+    got = [json.loads(line) for line in done.stdout.splitlines() if json.loads(line)["rollout_id"] == "r-ok"]
+    assert [(r["turn"], r["grader_call"], r["reward"]) for r in got] == [
+        (0, False, FINAL), (1, False, FINAL), (2, False, FINAL), (3, True, None)]
+    done = cli("triplets", "-o", "-", "--per-call")
+    assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
+        2, "rlpulse export: --per-call shapes messages (triplets are one row per call already)"), done.stderr
+    done = cli("triplets", "-o", "-", "--reward-to", "first-call")
+    assert done.returncode == 2 and "invalid choice: 'first-call'" in done.stderr
