@@ -19,11 +19,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlpulse.schemas.enums import SPAN_KINDS
 from rlpulse.sinks.read.queries import load_saved
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.trajectories import SpanRow
 
 SOURCES = ("rollout", "reward_entry", "annotation")  # the final reward's precedence, first wins
+_ROLLOUT, _REWARD, _, _, _, _ANNOTATION = SPAN_KINDS[:6]  # the kinds that carry a reward, from the Span schema
+SOURCE_OF = {_ROLLOUT: "rollout", _REWARD: "reward_entry", _ANNOTATION: "annotation"}
 FINAL_MARK = "rlpulse.reward.final"
 
 
@@ -46,9 +49,9 @@ def find_reward_spans(spans: Iterable[SpanRow]) -> list[Reward]:
     found: dict[str, Reward] = {}
     for s in spans:
         value = s.typed.get("reward")
-        if value is None or s.kind not in ("ROLLOUT", "REWARD", "ANNOTATION"):
+        source = SOURCE_OF.get(s.kind)
+        if value is None or source is None:
             continue
-        source = {"ROLLOUT": "rollout", "REWARD": "reward_entry"}.get(s.kind, "annotation")
         found.setdefault(s.span_id, Reward(float(value), source, s.sequence_id, s.span_id,
                                            source == "annotation" and _marked_final(s.attributes),
                                            str(s.attributes.get("rlpulse.reward.name", ""))))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Iterable, Sequence
 
+from rlpulse.schemas.enums import SPAN_KINDS
 from rlpulse.sinks.store.clickhouse import Store
 
 SPAN_CAP = 500  # spans drawn per trajectory; more would make a page nobody can scroll
@@ -120,7 +121,7 @@ def _walk(roots: Sequence[SpanRow], limit: int) -> set[str]:
     return seen
 
 
-GRADING_KINDS = ("REWARD", "GRADER")  # a call below one of these is a judge's, not a turn of the policy
+GRADING_KINDS = frozenset({SPAN_KINDS[1], SPAN_KINDS[4]})  # REWARD, GRADER: a call below one is a judge's, no turn of the policy
 
 
 def grader_call_ids(spans: Iterable[SpanRow], depth: int = 64) -> set[str]:
