@@ -51,6 +51,10 @@ completion of the call) or returning one in place of a score (that completion).
 with ``log``. Values that are not finite numbers (TRL logs None for a figure with no valid value)
 are skipped and counted; the first skip of each name is logged, and a summary at the end.
 
+**Prompts and completions** (content on: ``content=True`` or ``RLPULSE_TRACE_CONTENT=1``): an LLM span
+``trl.generate`` per rollout (``rlpulse.producers.integrations.completions``) from the ``prompts`` and
+``completions`` the reward functions get; ``trainer._generate`` is wrapped for its time and ``prompt_ids``.
+
 **Ranks.** The process index and count of TRL's accelerator are the SDK's rank and world size:
 each process publishes the rollouts and grader calls it scored; rank 0 alone counts steps.
 """
@@ -66,6 +70,8 @@ import time
 from typing import Any
 from collections.abc import Callable, Mapping
 
+from rlpulse.producers.integrations.completions import (DEFAULT_CONTENT_LIMIT, Completion, CompletionPublisher,
+                                                        Generations, completion_publisher)
 from rlpulse.producers.sdk import events as v
 from rlpulse.producers.sdk.batch import RolloutBatch
 from rlpulse.producers.sdk.process import run_status
@@ -116,8 +122,10 @@ class TrlTelemetry:
     trainer as a real ``TrainerCallback``); ``wrap`` makes a reward function report its calls.
     """
 
-    def __init__(self, telemetry: TrainingTelemetry, trainer: Any):
+    def __init__(self, telemetry: TrainingTelemetry, trainer: Any, completions: CompletionPublisher | None = None):
         self.tel, self.trainer = telemetry, trainer
+        self.completions = completions  # None: the content switch is off, no prompt or completion is sent
+        self.generations = Generations()  # _generate's, timed (see instrument)
         self.skipped: dict[str, int] = {}  # metric name -> values skipped (not a finite number, or a bad name)
         self._lock = threading.Lock()  # async reward functions report from TRL's event-loop thread
         # step -> (its rollouts, the indices of the reward functions heard, the rollout ids given)
@@ -200,6 +208,7 @@ class TrlTelemetry:
         weight = float(weights[index]) if weights is not None and index < len(weights) else 1.0
         term = self._name(index)
         stops = self._stop_tokens()
+        fresh: list[tuple[int, str, dict[str, Any]]] = []  # rollouts given by this call: their text goes out once
         with self._lock:
             if step not in self._batches:
                 self._batches[step] = (self.tel.rollouts(step, policy_version=step), set(), set())
@@ -214,6 +223,7 @@ class TrlTelemetry:
                         fields["completion_tokens"] = len(ids)
                         fields["finish_reason"] = "stop" if not ids or ids[-1] in stops else "length"
                     batch.rollout(rollout_id, **fields)
+                    fresh.append((i, rollout_id, fields))
                 if values is None:
                     continue
                 outcome, score = _outcome(values[i])
@@ -222,8 +232,27 @@ class TrlTelemetry:
                     batch.term(rollout_id, term, weight * score)
             heard.add(index)
             done = len(heard) >= self._wrapped
+        if fresh and self.completions is not None:
+            try:
+                self._texts(step, kwargs, fresh, start)
+            except Exception:  # as in _record_safely, and the batch below is still published
+                log.exception("rlpulse could not publish the prompts and completions of step %d", step)
         if done:
             self._publish(lambda s: s == step)
+
+    def _texts(self, step: int, kwargs: Mapping[str, Any], fresh: list[tuple[int, str, dict[str, Any]]],
+               called: int) -> None:
+        """The LLM spans of the rollouts a reward call gave first: TRL's prompts and completions of the batch."""
+        prompts, completions = kwargs.get("prompts") or [], kwargs.get("completions") or []
+        ids = kwargs.get("completion_ids") or []
+        prompt_ids, start, end = self.generations.of(kwargs.get("completion_ids"))
+        own = list(prompt_ids or ())  # the generation's prompt ids, one per completion, when it was timed
+        texts = [Completion(rollout_id, prompts[i], completions[i], len(own[i]) if i < len(own) else None,
+                            fields.get("completion_tokens"), own[i] if i < len(own) else None,
+                            ids[i] if i < len(ids) else None, fields.get("finish_reason"))
+                 for i, rollout_id, fields in fresh if i < len(prompts) and i < len(completions)]
+        if self.completions is not None:
+            self.completions.publish(step, texts, called if start is None else start, called if end is None else end)
 
     def _stop_tokens(self) -> set[int]:
         """EOS and pad ids: a completion ending on neither was cut at the length limit (TRL's rule)."""
@@ -349,19 +378,29 @@ def _is_module(func: Any) -> bool:
 
 
 def instrument(trainer: Any, project: str, run_id: str, attempt: int = 1, stage: str = "",
-               telemetry: TrainingTelemetry | None = None, **telemetry_kwargs: Any) -> TrlTelemetry:
+               telemetry: TrainingTelemetry | None = None, content: bool | None = None,
+               content_limit: int = DEFAULT_CONTENT_LIMIT, token_ids: bool = False, **telemetry_kwargs: Any) -> TrlTelemetry:
     """Report ``trainer``'s (a TRL ``GRPOTrainer``) rollouts, grader calls, steps and scalars.
 
     Call before ``trainer.train()``. ``telemetry_kwargs`` go to ``TrainingTelemetry`` (``settings``,
     ``transport``, ...); rank and world size come from ``trainer.accelerator``. Pass ``telemetry`` to
     publish through an existing one instead. Returns the glue (``.tel`` is the telemetry).
+    ``content`` (None: ``RLPULSE_TRACE_CONTENT``): also publish each rollout's prompt and completion, each
+    content attribute at most ``content_limit`` characters; ``token_ids``: their token ids too.
     """
     accelerator = getattr(trainer, "accelerator", None)
     if telemetry is None:
         telemetry = TrainingTelemetry(project, run_id, attempt=attempt, trainer="rl", stage=stage,
                                       rank=int(getattr(accelerator, "process_index", 0)),
                                       world_size=int(getattr(accelerator, "num_processes", 1)), **telemetry_kwargs)
-    hooks = TrlTelemetry(telemetry, trainer)
+    model = getattr(getattr(trainer, "model", None), "name_or_path", None)
+    completions = completion_publisher(telemetry, "trl.generate", content, content_limit, token_ids,
+                                       model if isinstance(model, str) else None)
+    hooks = TrlTelemetry(telemetry, trainer, completions)
+    generate = getattr(trainer, "_generate", None)
+    if completions is not None and callable(generate):
+        # TRL 1.16 returns (prompt_ids, completion_ids, ...): the completion_ids list is the one its reward functions get
+        trainer._generate = hooks.generations.timed(generate, lambda out: (out[1], out[0]))  # an instance attribute
     funcs = trainer.reward_funcs
     for i, func in enumerate(list(funcs)):
         if _is_module(func) or not callable(func):

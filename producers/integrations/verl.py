@@ -17,6 +17,12 @@ Other ways in: ``attach(tracking, tel)`` adds the backend to a ``Tracking`` you 
 ``follow_file(path, tel)`` publishes what the ``file`` backend writes (one JSON object a line,
 ``{"step": n, "data": {...}}``, at ``file_logger_path(project, experiment)``), from any process.
 
+Prompts and completions (content on: ``install(content=True)`` or ``RLPULSE_TRACE_CONTENT=1``; and
+``trainer.rollout_data_dir``): ``register_trainer`` patches ``_log_rollout_data`` and the
+``_dump_generations(inputs, outputs, gts, scores, ...)`` it calls (legacy ``RayPPOTrainer``, v1
+``PPOTrainer``): each rollout of a training dump gets a ROLLOUT span and an LLM span ``verl.generate``
+(``rlpulse.producers.integrations.completions``); validation dumps are left out.
+
 Step mapping: the step is verl's ``global_steps`` as logged (1 for the first training step; 0
 for the validation before training). A dict of validation figures only (``val-core/``,
 ``val-aux/``, ``val/``) goes out as METRICS of its step; any other dict completes its step (STEP,
@@ -37,7 +43,11 @@ import threading
 from typing import Any
 from collections.abc import Mapping
 
+from rlpulse.producers.integrations.completions import (DEFAULT_CONTENT_LIMIT, Completion, CompletionPublisher,
+                                                        completion_publisher, finite)
 from rlpulse.producers.integrations.metrics_dict import MetricsPublisher, patch_on_import, telemetry_for
+from rlpulse.producers.integrations.verl_rollouts import TRAINER_MODULES, current_backends, register_trainer_of
+from rlpulse.producers.integrations.verl_rollouts import register_trainer as register_trainer  # part of this module's API
 from rlpulse.producers.sdk.telemetry import TrainingTelemetry
 
 log = logging.getLogger(__name__)
@@ -49,6 +59,8 @@ DURATION_KEYS = ("timing_s/step",)
 TOKENS_KEYS = ("perf/total_num_tokens", "train/global_tokens")  # PPO; SFT
 MFU_KEYS = ("perf/mfu/actor", "train/mfu")
 MAX_READ_BYTES = 16 << 20  # of the JSONL per poll: a long file is read in bounded pieces
+CONTENT_OPTIONS = ("content", "content_limit", "token_ids")
+FACTS = ("sample_ids", "input_tokens", "output_tokens", "prompt_ids", "response_ids")  # of a rollout dump, where known
 
 
 class VerlLogger:
@@ -57,8 +69,28 @@ class VerlLogger:
     ``finish(exit_code)`` ends the telemetry when this backend owns it (``install``): RUN_END is
     finished for exit code 0, failed otherwise."""
 
-    def __init__(self, telemetry: TrainingTelemetry, owns_telemetry: bool = False):
+    def __init__(self, telemetry: TrainingTelemetry, owns_telemetry: bool = False,
+                 completions: CompletionPublisher | None = None):
         self.publisher = MetricsPublisher(telemetry, owns_telemetry=owns_telemetry)
+        self.completions = completions  # None: content off, no rollout text (and no rollouts) sent
+
+    def generations(self, step: int, inputs: list[Any], outputs: list[Any], scores: list[Any],
+                    facts: Mapping[str, list[Any]] | None = None, max_tokens: int | None = None) -> int:
+        """Publish a training dump's rollouts (verl's ``_dump_generations`` arguments): ROLLOUT spans and their
+        LLM spans. ``facts``: per rollout, ``sample_ids``, ``input_tokens``, ``output_tokens``, ``prompt_ids``,
+        ``response_ids`` where known. A rollout without a finite score is left out (logged). Returns LLM spans sent."""
+        if self.completions is None or self.publisher.closed:
+            return 0
+        def column(name: str) -> list[Any]:  # one value per rollout, None where unknown
+            given = list((facts or {}).get(name) or ())[:len(inputs)]
+            return given + [None] * (len(inputs) - len(given))
+
+        samples, n_in, n_out, p_ids, r_ids = (column(k) for k in FACTS)
+        rollouts = [(Completion(f"s{step}-{i}", prompt, output, n_in[i], n_out[i], p_ids[i], r_ids[i]),
+                     {"reward": finite(score), "completion_tokens": n_out[i], "max_tokens": max_tokens,
+                      "sample_id": None if samples[i] is None else str(samples[i])})
+                    for i, (prompt, output, score) in enumerate(zip(inputs, outputs, scores))]
+        return self.completions.publish_with_rollouts(step, rollouts)
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         if data and all(isinstance(k, str) and k.startswith(VALIDATION_PREFIXES) for k in data):
@@ -72,6 +104,8 @@ class VerlLogger:
         trainer, which never calls ``finish``). How the run ended is then unknown: rather than
         a crash reported as finished, no RUN_END is sent (what is buffered is delivered)."""
         publisher = self.publisher
+        if self in current_backends:
+            current_backends.remove(self)
         if publisher.closed:
             return
         if collected and publisher.owns_telemetry:
@@ -84,26 +118,38 @@ class VerlLogger:
         publisher.close(status="finished" if exit_code == 0 else "failed")
 
 
-def attach(tracking: Any, telemetry: TrainingTelemetry, owns_telemetry: bool = False) -> VerlLogger:
+def attach(tracking: Any, telemetry: TrainingTelemetry, owns_telemetry: bool = False, content: bool | None = None,
+           content_limit: int = DEFAULT_CONTENT_LIMIT, token_ids: bool = False, model: str | None = None) -> VerlLogger:
     """Add the backend to a ``verl.utils.tracking.Tracking`` already built: ``Tracking.log``
     calls every entry of its ``logger`` dict. ``Tracking.finish`` does not finish it unless
-    ``install`` ran in this process; the telemetry's own context manager ends the run."""
-    backend = VerlLogger(telemetry, owns_telemetry=owns_telemetry)
+    ``install`` ran in this process; the telemetry's own context manager ends the run.
+    ``content`` (None: ``RLPULSE_TRACE_CONTENT``): this backend publishes the rollouts of the trainer
+    classes ``register_trainer`` patched (``install`` does), each content attribute capped at ``content_limit``."""
+    completions = completion_publisher(telemetry, "verl.generate", content, content_limit, token_ids, model)
+    backend = VerlLogger(telemetry, owns_telemetry=owns_telemetry, completions=completions)
     tracking.logger[BACKEND] = backend
+    if completions is not None:
+        current_backends[:] = [backend]
     return backend
 
 
-def install(project: str | None = None, run_id: str | None = None, attempt: int = 1, **telemetry_kwargs: Any) -> None:
+def install(project: str | None = None, run_id: str | None = None, attempt: int = 1, content: bool | None = None,
+            content_limit: int = DEFAULT_CONTENT_LIMIT, token_ids: bool = False, **telemetry_kwargs: Any) -> None:
     """Make ``rlpulse`` a backend name of verl's ``Tracking`` in this process (a Ray
     ``worker_process_setup_hook``; harmless in processes that never build a ``Tracking``).
 
     A ``Tracking`` built with ``rlpulse`` among its backends gets a ``VerlLogger`` with its own
     ``TrainingTelemetry``: ``project`` or verl's project name, ``run_id`` or its experiment name,
     trainer ``sft`` for a config without ``actor_rollout_ref``, rank 0 (verl builds ``Tracking``
-    in the one process that logs). ``telemetry_kwargs`` go to ``TrainingTelemetry``.
+    in the one process that logs). ``telemetry_kwargs`` go to ``TrainingTelemetry``; ``content``,
+    ``content_limit`` and ``token_ids`` to ``attach`` (the trainer classes are patched for them too).
     The class is patched once verl imports it, never before (``patch_on_import`` says why)."""
-    options = dict(project=project, run_id=run_id, attempt=attempt, **telemetry_kwargs)
+    options = dict(project=project, run_id=run_id, attempt=attempt, content=content, content_limit=content_limit,
+                   token_ids=token_ids, **telemetry_kwargs)
     patch_on_import(TRACKING_MODULE, lambda module: register(module.Tracking, options))
+    for name, cls in TRAINER_MODULES.items():
+        if content is not False:  # the trainers' dump hooks pass through unless a backend with content on exists
+            patch_on_import(name, functools.partial(register_trainer_of, cls))
 
 
 def register(tracking_class: Any, options: Mapping[str, Any] | None = None) -> None:
@@ -126,13 +172,19 @@ def register(tracking_class: Any, options: Mapping[str, Any] | None = None) -> N
         backends = given.get("default_backend") or ()
         if BACKEND not in ([backends] if isinstance(backends, str) else list(backends)):
             return
+        options = type(self)._rlpulse_options
         try:
-            telemetry = _telemetry(type(self)._rlpulse_options, given)
+            telemetry = _telemetry(options, given)
             telemetry.start()
         except Exception:  # a name the SDK refuses, a bad setting: the training runs on without telemetry
             log.exception("rlpulse: no telemetry for this verl run")
             return
-        attach(self, telemetry, owns_telemetry=True)
+        content = {k: options[k] for k in CONTENT_OPTIONS if k in options}
+        try:
+            attach(self, telemetry, owns_telemetry=True, model=_model(given.get("config")), **content)
+        except ValueError:  # a bad content switch or limit: the figures still go out, without text
+            log.exception("rlpulse: no rollout text for this verl run")
+            attach(self, telemetry, owns_telemetry=True, content=False)
 
     @functools.wraps(finish)
     def finish_(self: Any, exit_code: int = 0) -> None:
@@ -156,7 +208,7 @@ def register(tracking_class: Any, options: Mapping[str, Any] | None = None) -> N
 def _telemetry(options: Mapping[str, Any], given: Mapping[str, Any]) -> TrainingTelemetry:
     config = given.get("config")
     rl = not isinstance(config, Mapping) or "actor_rollout_ref" in config  # PPO configs have it, SFT configs do not
-    kwargs = {k: val for k, val in options.items() if k not in ("project", "run_id")}
+    kwargs = {k: val for k, val in options.items() if k not in ("project", "run_id", *CONTENT_OPTIONS)}
     kwargs.setdefault("trainer", "rl" if rl else "sft")
     kwargs.setdefault("rank", 0)
     kwargs.setdefault("world_size", 1)
@@ -164,6 +216,14 @@ def _telemetry(options: Mapping[str, Any], given: Mapping[str, Any]) -> Training
     if project is None or run_id is None:
         raise ValueError("no run to publish to: give Tracking a project and experiment name, or install() a project and run_id")
     return telemetry_for(project, run_id, **kwargs)
+
+
+def _model(config: Any) -> str | None:
+    try:
+        path = config["actor_rollout_ref"]["model"]["path"]
+    except (KeyError, TypeError, IndexError):
+        return None
+    return path if isinstance(path, str) else None
 
 
 def _first(data: Mapping[str, Any], keys: tuple[str, ...]) -> Any:

@@ -17,7 +17,10 @@ completion, None and NaN (ungradable), and a plain exception (error). At one ste
 failure meets the other's for the same completions: those are unscorable (TRL leaves them out of
 ``reward``). The job counts what it did itself and writes, to the JSON file named on its command
 line, ``trainer.state.log_history`` and per generation (keyed by ``global_step`` when generated):
-the completions scored and, per reward function, the failures by cause.
+the completions scored and, per reward function, the failures by cause; and, under ``texts``, what TRL
+gave its reward functions (``prompts``, ``completions``, ``completion_ids``) with the prompts' ids as
+TRL tokenizes a plain-text prompt (``processing_class(text=prompts)``). The integration publishes
+each rollout's prompt and completion (content on, token ids too), which the test compares with those.
 
     python trl_grpo_job.py OUT.json --project P --run-id R
 """
@@ -50,6 +53,7 @@ PROMPTS = 16
 
 # What the job did, per generation (global_step when generated): completions scored, failures by function and cause.
 RECORD: dict[int, dict[str, Any]] = defaultdict(lambda: {"rollouts": 0, "failures": defaultdict(Counter)})
+TEXTS: dict[int, dict[str, Any]] = {}  # per generation: what TRL gave the reward functions
 
 
 def tokenizer() -> PreTrainedTokenizerFast:
@@ -80,11 +84,14 @@ def _note(step: int, term: str, outcomes: list[str]) -> None:
             RECORD[step]["failures"][term][outcome] += 1
 
 
-def length_reward(completions: list[str], completion_ids: list[list[int]], trainer_state: Any, **_: Any) -> list[Any]:
+def length_reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]], trainer_state: Any,
+                  **_: Any) -> list[Any]:
     """A short answer scores higher: 1 - tokens / 8 (exact in float32). Fails: the whole call at
     global_step 2 (unavailable); completion 3 of each 16 times out, completion 7 is None."""
     k = trainer_state.global_step
     RECORD[k]["rollouts"] = len(completion_ids)
+    TEXTS[k] = {"prompts": list(prompts), "completions": list(completions),
+                "completion_ids": [[int(t) for t in ids] for ids in completion_ids]}
     if k == 2:
         _note(k, "length_reward", ["unavailable"] * len(completion_ids))
         raise GraderFailure("unavailable", "the length service is down")
@@ -153,13 +160,15 @@ def main() -> None:
                               args=config, train_dataset=prompts())
         # -- the integration: these two lines ------------------------------------------------------------
         from rlpulse.producers.integrations.trl import instrument
-        instrument(trainer, project=args.project, run_id=args.run_id)
+        instrument(trainer, project=args.project, run_id=args.run_id, content=True, token_ids=True)
         # ------------------------------------------------------------------------------------------------
         trainer.train()
     record = {str(k): {"rollouts": r["rollouts"], "failures": {t: dict(c) for t, c in r["failures"].items()}}
               for k, r in sorted(RECORD.items())}
+    texts = {str(k): {**t, "prompt_ids": [list(ids) for ids in tok(text=t["prompts"])["input_ids"]]}
+             for k, t in sorted(TEXTS.items())}
     with open(args.out, "w") as out:
-        json.dump({"log_history": trainer.state.log_history, "generations": record,
+        json.dump({"log_history": trainer.state.log_history, "generations": record, "texts": texts,
                    "config": {"num_generations": NUM_GENERATIONS, "steps_per_generation": STEPS_PER_GENERATION,
                               "max_steps": MAX_STEPS, "max_completion_length": MAX_COMPLETION,
                               "reward_funcs": ["length_reward", "judge_reward"], "reward_weights": [1.0, 0.5]},

@@ -30,13 +30,23 @@ TRL computes the batch figures in float32 tensors (``rewards_per_func`` is float
 values. Those figures are compared within 1e-6 relative, far above float32 rounding (6e-8 per
 operation) and far below any real difference (a single rollout of 64 moves a mean by 1e-2).
 Counts and the scalars rlpulse stores as TRL logged them are compared exactly.
+
+The job turns content on (``instrument(..., content=True, token_ids=True)``) and writes what TRL gave its
+reward functions. Each rollout's LLM span (``trl.generate``, child of its ROLLOUT span) carries exactly
+that prompt and completion, the completion's ids and the prompt's (as TRL tokenizes it);
+``rlpulse export messages`` gives one row per rollout, ``[user prompt, assistant completion]``, and
+``export triplets`` the ids, checked against the usage counts; and in a real browser (``rlpulse ui``,
+Debian's chromium) every card of each step page previews that prompt and completion, and each card of
+the first step opens a trajectory whose dialogue is that prompt and that completion.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +58,14 @@ from rlpulse.base.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
 from tests.conftest import unavailable
 from tests.integration import until
+from rlpulse.sinks.views.ui_data import PREVIEW
+from tests.integration.sinks.views.browser import CHROMIUM, playwright_or_unavailable, ui_server
 from tests.trainers import trainer_venv
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
 
 JOB = Path(__file__).resolve().parents[3] / "trainers" / "trl_grpo_job.py"
+REPO = Path(__file__).resolve().parents[4]
 PROJECT, RUN = "trl-itest", "grpo-1"
 REL = 1e-6  # float32 figures of TRL against float64 rows (see the module docstring)
 
@@ -84,28 +97,55 @@ def run_job(settings: Settings, python: Path, workdir: Path, artifacts: Path) ->
     return json.loads(out.read_text())
 
 
-@pytest.mark.timeout(1800)  # the first build of the trainer venv downloads about 3 GB
-def test_a_trl_grpo_job_in_clickhouse_equals_what_trl_logged(settings: Settings, trainer_python: Path, tmp_path: Path,
-                                                            artifacts_dir: Path) -> None:
+RUN_SQL = f"project = '{PROJECT}' AND run_id = '{RUN}'"
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+@pytest.fixture(scope="module")
+def ran(module_settings: Settings, trainer_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The job through the whole pipeline, once for the module; the pipeline stopped, its store left to read."""
+    settings = module_settings
+    artifacts = Path(os.environ.get("RLPULSE_TEST_ARTIFACTS", REPO / "test-artifacts")) / "test_trl_job"
+    artifacts.mkdir(parents=True, exist_ok=True)
     ensure_topics(settings)
-    run = f"project = '{PROJECT}' AND run_id = '{RUN}'"
+    run = RUN_SQL
     with Pipeline(settings) as pipeline:
         pipeline.start()
         wait_groups_ready(settings, (settings.app_id, settings.sink_group), pipeline)
-        job = run_job(settings, trainer_python, tmp_path, artifacts_dir)
+        job = run_job(settings, trainer_python, tmp_path_factory.mktemp("trl-job"), artifacts)
         generations = {int(k) + 1: g for k, g in job["generations"].items()}  # step = global_step at generation + 1
         rollouts = sum(g["rollouts"] for g in generations.values())
         pipeline.wait_caught_up(timeout=300, until=until.counts(settings, {
             f"SELECT count() FROM $db.spans FINAL WHERE {run} AND kind = 'ROLLOUT'": rollouts,
             f"SELECT count() FROM $db.spans FINAL WHERE {run} AND kind = 'GRADER'": 2 * rollouts,
+            f"SELECT count() FROM $db.spans FINAL WHERE {run} AND kind = 'LLM'": rollouts,
             f"SELECT count() FROM $db.steps FINAL WHERE {run} AND type = 'RUN_END'": 1,
             f"SELECT sum(rollouts) FROM $db.step_stats FINAL WHERE {run}": rollouts}))
         pipeline.stop()
+    # what TRL gave its reward functions, per rollout id (step = global_step + 1; one process: index i in the batch)
+    texts = {f"s{int(k) + 1}-{i}": {"step": int(k) + 1, "prompt": t["prompts"][i], "completion": t["completions"][i],
+                                    "completion_ids": t["completion_ids"][i], "prompt_ids": t["prompt_ids"][i]}
+             for k, t in job["texts"].items() for i in range(len(t["prompts"]))}
+    assert len(texts) == rollouts
+    return {"settings": settings, "job": job, "generations": generations, "rollouts": rollouts, "texts": texts,
+            "artifacts": artifacts}
+
+
+def rows_of(settings: Settings, sql: str) -> list[tuple]:
+    got = until.query(settings, sql)
+    assert got is not None, f"the store could not be read for {sql}"
+    return got
+
+
+@pytest.mark.timeout(1800)  # the first build of the trainer venv downloads about 3 GB
+def test_a_trl_grpo_job_in_clickhouse_equals_what_trl_logged(ran: dict[str, Any]) -> None:
+    settings, job, generations, run = ran["settings"], ran["job"], ran["generations"], RUN_SQL
 
     def rows(sql: str) -> list[tuple]:
-        got = until.query(settings, sql)
-        assert got is not None, f"the store could not be read for {sql}"
-        return got
+        return rows_of(settings, sql)
 
     logged: dict[int, dict[str, Any]] = {}  # step -> what TRL logged at it (a later log of a step overrides)
     for entry in job["log_history"]:
@@ -180,3 +220,109 @@ def test_a_trl_grpo_job_in_clickhouse_equals_what_trl_logged(settings: Settings,
     completed = rows(f"SELECT step FROM $db.steps FINAL WHERE {run} AND type = 'STEP' ORDER BY step")
     assert [s for (s,) in completed] == list(range(1, job["config"]["max_steps"] + 1))
     assert rows(f"SELECT status FROM $db.steps FINAL WHERE {run} AND type = 'RUN_END'") == [("finished",)]
+
+
+# -- each rollout's prompt and completion ----------------------------------------------------------------
+
+@pytest.mark.timeout(1800)
+def test_each_rollout_has_one_llm_span_with_the_prompt_and_completion_trl_gave(ran: dict[str, Any]) -> None:
+    settings, texts = ran["settings"], ran["texts"]
+    rollouts = {r[0]: r[1:] for r in rows_of(settings, f"""
+        SELECT rollout_id, step, span_id, trace_id, finish_reason FROM $db.spans FINAL
+        WHERE {RUN_SQL} AND kind = 'ROLLOUT'""")}
+    llms = rows_of(settings, f"""
+        SELECT rollout_id, step, name, status, parent_span_id, trace_id, start_time_ns, end_time_ns,
+               attributes['gen_ai.input.messages'], attributes['gen_ai.output.messages'],
+               attributes['gen_ai.usage.input_tokens'], attributes['gen_ai.usage.output_tokens'],
+               attributes['gen_ai.response.finish_reasons'], attributes['gen_ai.request.model'],
+               attributes['rlpulse.prompt_token_ids'], attributes['rlpulse.response_token_ids'],
+               attributes['rlpulse.content.cut_chars']
+        FROM $db.spans FINAL WHERE {RUN_SQL} AND kind = 'LLM' ORDER BY rollout_id""")
+    assert sorted(r[0] for r in llms) == sorted(rollouts) == sorted(texts)  # one LLM span per rollout, no other
+    first_grading = dict(rows_of(settings, f"SELECT step, min(start_time_ns) FROM $db.spans FINAL "
+                                           f"WHERE {RUN_SQL} AND kind = 'GRADER' GROUP BY step"))
+    for (rollout_id, step, name, status, parent, trace, start, end, sent, got, n_in, n_out, reason, model, p_ids, r_ids,
+         cut) in llms:
+        want, (r_step, r_span, r_trace, r_reason) = texts[rollout_id], rollouts[rollout_id]
+        where = rollout_id
+        assert (step, name, status, parent, trace) == (r_step, "trl.generate", "OK", r_span, r_trace), where
+        assert step == want["step"] and reason == r_reason, where
+        assert sent == dumps([{"role": "user", "content": want["prompt"]}]), where  # exactly what TRL gave
+        assert got == dumps([{"role": "assistant", "content": want["completion"]}]), where
+        assert (int(n_in), int(n_out)) == (len(want["prompt_ids"]), len(want["completion_ids"])), where
+        assert (json.loads(p_ids), json.loads(r_ids)) == (want["prompt_ids"], want["completion_ids"]), where
+        assert model.endswith("tiny-llama") and cut == "", where
+        assert start < end <= first_grading[step], where  # TRL's generation, timed, before the batch was scored
+
+
+@pytest.mark.timeout(1800)
+def test_export_messages_gives_each_rollouts_prompt_and_completion(ran: dict[str, Any], tmp_path: Path) -> None:
+    settings, texts = ran["settings"], ran["texts"]
+    rlpulse = Path(sys.executable).with_name("rlpulse")  # the console script, as a user runs it
+    env = {**settings_env(settings), "PYTHONPATH": str(REPO)}
+
+    def export(what: str) -> list[dict[str, Any]]:
+        out = tmp_path / f"{what}.jsonl"
+        done = subprocess.run([str(rlpulse), "export", what, "--project", PROJECT, "--run", RUN, "--output", str(out)],
+                              env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        (ran["artifacts"] / out.name).write_text(out.read_text())
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    rewards = {r[0]: (r[1], r[2], r[3]) for r in rows_of(settings, f"""
+        SELECT rollout_id, step, sample_id, reward FROM $db.spans FINAL WHERE {RUN_SQL} AND kind = 'ROLLOUT'""")}
+    messages = export("messages")
+    assert sorted(m["rollout_id"] for m in messages) == sorted(texts)  # one row per rollout
+    for m in messages:
+        want = texts[m["rollout_id"]]
+        assert m["messages"] == [{"role": "user", "content": want["prompt"]},
+                                 {"role": "assistant", "content": want["completion"]}], m["rollout_id"]
+        assert (m["step"], m["sample_id"], m["reward"]) == rewards[m["rollout_id"]], m["rollout_id"]
+        assert (m["calls"], m["input_tokens"], m["output_tokens"]) == (1, len(want["prompt_ids"]), len(want["completion_ids"]))
+    triplets = export("triplets")
+    assert sorted(t["rollout_id"] for t in triplets) == sorted(texts)  # the grader spans are no turns
+    for t in triplets:
+        want = texts[t["rollout_id"]]
+        assert (t["turn"], t["final"], t["grader_call"], t["token_ids"]) == (0, True, False, "ok"), t["rollout_id"]
+        assert (t["prompt_ids"], t["response_ids"]) == (want["prompt_ids"], want["completion_ids"]), t["rollout_id"]
+        assert (t["prompt"], t["response"]) == ([{"role": "user", "content": want["prompt"]}],
+                                                {"role": "assistant", "content": want["completion"]}), t["rollout_id"]
+
+
+@pytest.mark.timeout(1800)
+def test_the_step_pages_show_each_rollouts_prompt_and_completion(ran: dict[str, Any]) -> None:
+    sync_playwright = playwright_or_unavailable()
+    settings, texts = ran["settings"], ran["texts"]
+    steps = sorted({t["step"] for t in texts.values()})
+    token = "trl-ui-token"
+    with ui_server(settings, token) as link, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.goto(link)
+        base = link.split("?")[0]
+        seen = 0
+        for step in steps:
+            page.goto(f"{base}step?project={PROJECT}&run={RUN}&attempt=1&step={step}")
+            cards = {c.get_attribute("data-rollout"): c.get_attribute("href") for c in page.locator("a.card").all()}
+            assert sorted(cards) == sorted(r for r, t in texts.items() if t["step"] == step), step
+            if step == steps[0]:
+                page.screenshot(path=str(ran["artifacts"] / "step.png"), full_page=True)
+            for rollout_id in sorted(cards):  # each card previews its task and its completion (PREVIEW characters)
+                want, card = texts[rollout_id], page.locator(f'a.card[data-rollout="{rollout_id}"]')
+                for part in ("prompt", "completion"):
+                    shown = card.locator(f".{part}").all_inner_texts()
+                    assert shown == ([want[part][:PREVIEW]] if want[part] else []), (rollout_id, part)
+                seen += 1
+            if step != steps[0]:
+                continue
+            for rollout_id, href in sorted(cards.items()):  # the first step's cards open their whole dialogue
+                page.goto(base + href.lstrip("/"))  # the card's own link: its trajectory
+                want = texts[rollout_id]
+                msgs = page.locator(".dialogue .msg").all()
+                assert [m.get_attribute("data-role") for m in msgs] == ["user", "assistant"], rollout_id
+                shown = [m.locator("pre").all_inner_texts() for m in msgs]  # an empty text has no <pre>
+                assert shown == [[want["prompt"]] if want["prompt"] else [],
+                                 [want["completion"]] if want["completion"] else []], rollout_id
+        page.screenshot(path=str(ran["artifacts"] / "trajectory.png"), full_page=True)
+        browser.close()
+    assert seen == len(texts)
