@@ -24,7 +24,7 @@ from typing import Any
 from rlpulse.sinks.read import queries
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.html_report import gpu_rows
-from rlpulse.sinks.views.trajectories import SAMPLE_SQL
+from rlpulse.sinks.views.trajectories import GRADING_KINDS, SAMPLE_SQL
 
 READ = {"readonly": 1}
 ROLLOUT_CAP = 5000  # rollouts read for one step page (512 is a large GRPO step)
@@ -257,6 +257,8 @@ class Rollout:
     graders: list[tuple[str, str, float | None]]  # (term, outcome, score)
     spans: int
     capped: bool = False  # stored without its content: past the sink's cap of full trajectories per step
+    prompt: str | None = None  # the task, cut to PREVIEW characters (content recorded; see step_rollouts)
+    completion: str | None = None  # the policy's last reply, cut the same way
 
     @property
     def failed(self) -> list[str]:
@@ -271,23 +273,48 @@ def step_rollouts(store: Store, project: str, run: str, attempt: int, step: int)
                anyIf(status, kind = 'ROLLOUT'), anyIf(status_message, kind = 'ROLLOUT'), anyIf(clipped, kind = 'ROLLOUT'),
                anyIf(completion_tokens, kind = 'ROLLOUT'), anyIf(finish_reason, kind = 'ROLLOUT'),
                arraySort(groupArrayIf((ifNull(term, ''), ifNull(outcome, ''), score), kind = 'GRADER')), count(),
-               max(capped)
+               max(capped), mapFromArrays(groupArray(span_id), groupArray((ifNull(parent_span_id, ''), toString(kind)))),
+               arraySort(groupArrayIf((sequence_id, ifNull(parent_span_id, ''), asked, said), kind = 'LLM'))
         FROM (SELECT if(rollout_id != '', rollout_id, concat('trace ', trace_id)) AS traj, {SAMPLE_SQL} AS smp, kind,
                      reward, status, status_message, clipped, completion_tokens, finish_reason, term, outcome, score,
-                     {capped} AS capped
+                     {capped} AS capped, span_id, parent_span_id, sequence_id,
+                     if(kind = 'LLM', {_ASKED}, '') AS asked, if(kind = 'LLM', {_SAID}, '') AS said
               FROM {{db}}.spans
               WHERE project = {{p:String}} AND run_id = {{r:String}} AND attempt = {{a:UInt32}} AND step = {{s:Int64}}
               ORDER BY span_id, sequence_id LIMIT 1 BY span_id)
         GROUP BY traj HAVING countIf(kind = 'ROLLOUT') > 0 ORDER BY traj LIMIT {ROLLOUT_CAP}""",
                  p=project, r=run, a=attempt, s=step)
     out = []
-    for key, sample, reward, reward_span, status, message, clipped, tokens, finish, graders, n, cut in found:
+    for key, sample, reward, reward_span, status, message, clipped, tokens, finish, graders, n, cut, up, calls in found:
         reward = reward if reward is not None else reward_span
+        policy = [(asked, said) for _, parent, asked, said in calls if not _graded(dict(up), parent)]
         out.append(Rollout(str(key), None if sample is None else str(sample), None if reward is None else float(reward),
                            str(status or "UNSET"), str(message or ""), bool(clipped), None if tokens is None else int(tokens),
                            None if finish is None else str(finish),
-                           [(str(t), str(o), None if s is None else float(s)) for t, o, s in graders], int(n), bool(cut)))
+                           [(str(t), str(o), None if s is None else float(s)) for t, o, s in graders], int(n), bool(cut),
+                           prompt=str(policy[0][0]) if policy and policy[0][0] else None,
+                           completion=str(policy[-1][1]) if policy and policy[-1][1] else None))
     return out
+
+
+# A card's preview of a rollout (content recorded): the task, its policy's first call's first user message, and
+# the answer, its last policy call's reply text; PREVIEW characters each, cut in SQL so a page reads little.
+PREVIEW = 240
+_ASKED = (f"substringUTF8(JSONExtractString(arrayFirst(m -> JSONExtractString(m, 'role') = 'user', "
+          f"JSONExtractArrayRaw(attributes['gen_ai.input.messages'])), 'content'), 1, {PREVIEW})")
+_SAID = (f"substringUTF8(JSONExtractString(arrayElement(JSONExtractArrayRaw(attributes['gen_ai.output.messages']), 1), "
+         f"'content'), 1, {PREVIEW})")
+
+
+def _graded(up: dict[str, tuple[str, str]], parent: str, depth: int = 64) -> bool:
+    """A call whose ancestors hold a REWARD entry or GRADER span: a judge's, no turn of the policy."""
+    for _ in range(depth):
+        if not parent or parent not in up:
+            return False
+        parent, kind = up[parent]
+        if kind in GRADING_KINDS:
+            return True
+    return False
 
 
 def step_stats(store: Store, project: str, run: str, attempt: int, step: int) -> StepStats | None:

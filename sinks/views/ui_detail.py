@@ -145,6 +145,8 @@ def _group(v: StepView, g: data.Group) -> str:
             f'{" · " + text(r.finish_reason) if r.finish_reason else ""}</div>'
             f'<div class="muted">{num(r.completion_tokens)} completion tokens · {r.spans} spans</div>{failed}'
             f'<div class="muted graders">{text(scores)}</div>'
+            + (f'<div class="prompt" title="the task">{text(r.prompt)}</div>' if r.prompt else "")
+            + (f'<div class="completion" title="the policy\'s last reply">{text(r.completion)}</div>' if r.completion else "")
             + ('<div class="muted capped">content not kept (span cap)</div>' if r.capped else "") + "</a>")
     badges = ('<span class="badge zero">zero variance</span>' if g.zero_variance else "") + (
         '<span class="badge">content not kept</span>' if any(r.capped for r in g.rollouts) else "") + (

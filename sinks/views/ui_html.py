@@ -124,6 +124,9 @@ a.card { display: block; min-width: 0; border: 1px solid #d0d7de; border-radius:
   text-decoration: none; background: #fbfcfd; word-break: break-all; }
 a.card:hover { border-color: #0969da; } a.card .reward { font-size: 20px; font-variant-numeric: tabular-nums; }
 a.card.status-ERROR { border-color: #cf222e; }
+a.card .prompt, a.card .completion { font-size: 12px; white-space: pre-wrap; overflow-wrap: anywhere; max-height: 7.5em;
+  overflow: hidden; margin-top: 4px; padding-left: 6px; border-left: 3px solid #d0d7de; }
+a.card .completion { border-left-color: #1a7f37; }
 .failed { color: #cf222e; } .muted { color: #6e7781; } .error { color: #cf222e; font-weight: bold; }
 .pager { margin: 10px 0; display: flex; gap: 12px; }
 .dialogue { display: flex; flex-direction: column; gap: 6px; max-width: 1000px; }

@@ -229,3 +229,11 @@ def test_the_command_line_takes_the_shape(traced: dict[str, Any]) -> None:
         2, "rlpulse export: --per-call shapes messages (triplets are one row per call already)"), done.stderr
     done = cli("triplets", "-o", "-", "--reward-to", "first-call")
     assert done.returncode == 2 and "invalid choice: 'first-call'" in done.stderr
+
+
+def test_a_step_card_previews_the_task_and_the_policys_last_reply(traced: dict[str, Any]) -> None:
+    from rlpulse.sinks.views.ui_data import step_rollouts
+
+    with open_reader(traced["url"], owner="test") as store:
+        cards = {r.key: r for r in step_rollouts(store, "pol", "run-1", 1, 1)}
+    assert (cards["r-ok"].prompt, cards["r-ok"].completion) == ("r-ok: what is 6*7?", "answer: are you sure?")
