@@ -95,7 +95,9 @@ def expected_calls(ran: dict[str, Any]) -> list[dict[str, Any]]:
             calls.append({"rollout_id": task.rollout_id, "step": task.step, "sample_id": task.sample_id, "turn": turn,
                           "final": turn == turns - 1, "prompt": ran["requests"][i]["messages"],
                           "response": None if task is FAILING else reply["choices"][0]["message"],
-                          "reward": None if task is FAILING else 1.0, "status": "ERROR" if task is FAILING else "OK",
+                          # --reward-to last-call (the default): the REWARD entry's score on the call before it
+                          "reward": None if task is FAILING or turn != turns - 1 else 1.0,
+                          "status": "ERROR" if task is FAILING else "OK",
                           "call_status": "ERROR" if task is FAILING else "OK"})
             i += 1
     return calls
