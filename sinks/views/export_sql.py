@@ -52,11 +52,9 @@ _PAGE = """
         WHERE project = {{project:String}} AND run_id = {{run:String}} AND attempt = {{attempt:UInt32}}
           AND sequence_id BETWEEN {{lo:UInt64}} AND {{hi:UInt64}} AND has({{ids:Array(String)}}, rollout_id)
         ORDER BY span_id, sequence_id LIMIT 1 BY span_id),
-    links AS (
-        SELECT rollout_id, mapFromArrays(groupArray(span_id), groupArray((parent, toString(kind)))) AS up
-        FROM page GROUP BY rollout_id),
     traj AS (
-        SELECT rollout_id, anyIf(step, kind = 'ROLLOUT') AS step, anyIf(sample, kind = 'ROLLOUT') AS sample_id,
+        SELECT rollout_id, mapFromArrays(groupArray(span_id), groupArray((parent, toString(kind)))) AS up,
+               anyIf(step, kind = 'ROLLOUT') AS step, anyIf(sample, kind = 'ROLLOUT') AS sample_id,
                anyIf(status, kind = 'ROLLOUT') AS status,
                argMaxIf(reward, sequence_id, kind = 'REWARD' AND reward IS NOT NULL) AS entry_reward,
                maxIf(sequence_id, kind = 'REWARD' AND reward IS NOT NULL) AS entry_pos,
@@ -70,10 +68,12 @@ _PAGE = """
                    if(final_reward IS NULL, [], [(final_pos, assumeNotNull(final_reward), 1)])) AS rewards
         FROM page GROUP BY rollout_id),
     walked AS (
-        SELECT p.*, arrayFold((acc, i) -> if(acc.2 OR acc.1 = '', acc,
-                                             (l.up[acc.1].1, toBool(l.up[acc.1].2 IN ('REWARD', 'GRADER')))),
-                              range({depth}), (p.parent, false)).2 AS grader_call
-        FROM page AS p INNER JOIN links AS l ON p.rollout_id = l.rollout_id
+        SELECT p.*, t.step AS t_step, t.sample_id AS t_sample, t.status AS t_status, t.final_reward AS final_reward,
+               t.rewards AS rewards,
+               arrayFold((acc, i) -> if(acc.2 OR acc.1 = '', acc,
+                                        (t.up[acc.1].1, toBool(t.up[acc.1].2 IN ('REWARD', 'GRADER')))),
+                         range({depth}), (p.parent, false)).2 AS grader_call
+        FROM page AS p INNER JOIN traj AS t ON p.rollout_id = t.rollout_id
         WHERE p.kind = 'LLM' AND ({{graders:UInt8}} = 1 OR NOT grader_call)),
     ordered AS (
         SELECT *, leadInFrame(sequence_id, 1, {last}) OVER by_role AS next_seq,
@@ -82,11 +82,11 @@ _PAGE = """
         WINDOW by_role AS (PARTITION BY rollout_id, grader_call ORDER BY sequence_id, start_time_ns, span_id
                            ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)),
     calls AS (
-        SELECT c.*, t.final_reward AS trajectory_reward,
-               arrayFilter(r -> r.1 > c.sequence_id AND (r.1 < c.next_seq OR c.last_of_role), t.rewards) AS mine,
+        SELECT c.*, c.final_reward AS trajectory_reward,
+               arrayFilter(r -> r.1 > c.sequence_id AND (r.1 < c.next_seq OR c.last_of_role), c.rewards) AS mine,
                if(c.grader_call, NULL, multiIf(
-                   {{reward_to:String}} = 'every-call', t.final_reward,
-                   {{reward_to:String}} = 'final', if(c.last_of_role, t.final_reward, NULL),
+                   {{reward_to:String}} = 'every-call', c.final_reward,
+                   {{reward_to:String}} = 'final', if(c.last_of_role, c.final_reward, NULL),
                    empty(mine), NULL,
                    toNullable(arraySort(r -> (r.3, r.1), mine)[-1].2))) AS placed,
                if(isValidJSON(c.output_raw) AND JSONType(c.output_raw) = 'Array', JSONExtractRaw(c.output_raw, 1),
@@ -102,7 +102,7 @@ _PAGE = """
                        OR (c.lp_raw != '' AND length(lp_all) != length(r_all)), 'mismatch', 'ok') AS token_ids,
                if(token_ids = 'ok', p_all, []) AS prompt_ids, if(token_ids = 'ok', r_all, []) AS response_ids,
                if(token_ids = 'ok', lp_all, []) AS response_logprobs
-        FROM ordered AS c INNER JOIN traj AS t ON c.rollout_id = t.rollout_id)
+        FROM ordered AS c)
 """
 
 
@@ -113,8 +113,8 @@ def conversation(prompt: str, response: str) -> str:
             f"if(JSONLength({prompt}) = 0, '', ','), {response}, ']'), NULL)")
 
 
-_CALL_COLUMNS = """{{project:String}} AS project, {{run:String}} AS run_id, {{attempt:UInt32}} AS attempt, t.step AS step,
-           t.sample_id AS sample_id, c.rollout_id AS rollout_id, c.turn AS turn,
+_CALL_COLUMNS = """{{project:String}} AS project, {{run:String}} AS run_id, {{attempt:UInt32}} AS attempt, c.t_step AS step,
+           c.t_sample AS sample_id, c.rollout_id AS rollout_id, c.turn AS turn,
            toBool(c.last_of_role AND NOT c.grader_call) AS `final`,
            c.grader_call AS grader_call, c.span_id AS span_id, c.model AS model, nullIf(c.response_id, '') AS response_id,
            nullIf(c.finish_reason, '') AS finish_reason"""
@@ -125,18 +125,18 @@ _ORDER = "ORDER BY indexOf({{ids:Array(String)}}, rollout_id), turn"
 _TRIPLETS = _PAGE + f"""
     SELECT {_CALL_COLUMNS}, c.sequence_id AS sequence_id,
            nullIf(c.prompt_raw, '') AS prompt, nullIf(c.response_raw, '') AS response,
-           c.placed AS reward, c.trajectory_reward AS trajectory_reward, t.status AS status, c.status AS call_status,
+           c.placed AS reward, c.trajectory_reward AS trajectory_reward, c.t_status AS status, c.status AS call_status,
            c.input_tokens AS input_tokens, c.output_tokens AS output_tokens, c.content_cut AS content_cut, {_TOKEN_COLUMNS}
-    FROM calls AS c INNER JOIN traj AS t ON c.rollout_id = t.rollout_id
+    FROM calls AS c
     {_ORDER}
 """
 
 _PER_CALL = _PAGE + f"""
-    SELECT {_CALL_COLUMNS}, c.placed AS reward, c.trajectory_reward AS trajectory_reward, t.status AS status,
+    SELECT {_CALL_COLUMNS}, c.placed AS reward, c.trajectory_reward AS trajectory_reward, c.t_status AS status,
            c.status AS call_status, {conversation('c.prompt_raw', 'c.response_raw')} AS messages,
            nullIf(c.tools_raw, '') AS tools, c.input_tokens AS input_tokens, c.output_tokens AS output_tokens,
            c.content_cut AS content_cut, {_TOKEN_COLUMNS}
-    FROM calls AS c INNER JOIN traj AS t ON c.rollout_id = t.rollout_id
+    FROM calls AS c
     {_ORDER}
 """
 
@@ -145,13 +145,14 @@ _MESSAGES = _PAGE + """
     , last AS (
         SELECT rollout_id, argMax(prompt_raw, turn) AS prompt, argMax(response_raw, turn) AS response,
                argMaxIf(tools_raw, turn, tools_raw != '') AS tools, count() AS calls, sum(content_cut) AS content_cut,
-               sumOrNull(input_tokens) AS input_tokens, sumOrNull(output_tokens) AS output_tokens
+               sumOrNull(input_tokens) AS input_tokens, sumOrNull(output_tokens) AS output_tokens,
+               any(t_step) AS step, any(t_sample) AS sample_id, any(final_reward) AS reward, any(t_status) AS status
         FROM calls WHERE NOT grader_call GROUP BY rollout_id)
-    SELECT {{project:String}} AS project, {{run:String}} AS run_id, {{attempt:UInt32}} AS attempt, t.step AS step,
-           t.sample_id AS sample_id, l.rollout_id AS rollout_id, t.final_reward AS reward, t.status AS status,
+    SELECT {{project:String}} AS project, {{run:String}} AS run_id, {{attempt:UInt32}} AS attempt, l.step AS step,
+           l.sample_id AS sample_id, l.rollout_id AS rollout_id, l.reward AS reward, l.status AS status,
            """ + conversation("l.prompt", "l.response") + """ AS messages, nullIf(l.tools, '') AS tools, l.calls AS calls,
            l.input_tokens AS input_tokens, l.output_tokens AS output_tokens, l.content_cut AS content_cut
-    FROM last AS l INNER JOIN traj AS t ON l.rollout_id = t.rollout_id
+    FROM last AS l
     ORDER BY indexOf({{ids:Array(String)}}, rollout_id)
 """
 
