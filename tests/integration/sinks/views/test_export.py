@@ -125,6 +125,7 @@ def test_triplets_are_one_row_per_call_with_the_trajectorys_reward(store_url: st
     assert (counts.trajectories, counts.without_calls) == (5, 1)  # a-nocall is selected, and has no call to export
 
 
+@pytest.mark.full  # 5 s: make test-all (make test keeps its 6 minutes; its filters and rows tests stay)
 @pytest.mark.parametrize("what", ["triplets", "messages"])
 def test_pages_of_any_size_give_the_same_file(store_url: str, what: str) -> None:
     whole, counts = exported(store_url, what)

@@ -105,6 +105,7 @@ def test_every_panel_variable_is_one_percent_encoded_literal() -> None:
         assert ENCODED.fullmatch(percentencode(value)), value
 
 
+@pytest.mark.full  # 5 to 7 s of EXPLAIN AST, growing with each saved query: make test-all (make test keeps its 6 minutes)
 def test_hostile_values_stay_one_literal_in_every_panel() -> None:
     pytest.importorskip("chdb")
     queries, expected = {}, []
