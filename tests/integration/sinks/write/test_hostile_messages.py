@@ -38,7 +38,8 @@ from rlpulse.sinks.write.dlq import ORIGINAL_SHA256, ORIGINAL_SIZE, REASON, SOUR
 from tests.integration import until
 from tests.unit.sinks.write.test_bounded_decoder import STEP, container, deflate_bomb, endless_span, many_records, record_bytes
 
-pytestmark = pytest.mark.integration  # ~17 s: in make test
+# ~17 s of hostile input (security): make test-all, so make test keeps its 6 minutes (test_sink_avro's dead letters stay there)
+pytestmark = [pytest.mark.integration, pytest.mark.full]
 
 GOOD = "hostile-good"
 LIMITS = Limits()

@@ -32,7 +32,7 @@ from rlpulse.sinks.store.clickhouse import migrate, open_reader, open_store
 from rlpulse.sinks.write.sink import drain
 from tests.integration import until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]  # ~12 s of a bound: make test-all (make test keeps its 6 minutes)
 CODEC = Codec()
 NOW = time.time_ns()
 PROMPT = "m" * 150  # content: over the 100-character cap
