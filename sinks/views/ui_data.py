@@ -287,7 +287,8 @@ def step_rollouts(store: Store, project: str, run: str, attempt: int, step: int)
     out = []
     for key, sample, reward, reward_span, status, message, clipped, tokens, finish, graders, n, cut, up, calls in found:
         reward = reward if reward is not None else reward_span
-        policy = [(asked, said) for _, parent, asked, said in calls if not _graded(dict(up), parent)]
+        links = dict(up)
+        policy = [(asked, said) for _, parent, asked, said in calls if not _graded(links, parent)]
         out.append(Rollout(str(key), None if sample is None else str(sample), None if reward is None else float(reward),
                            str(status or "UNSET"), str(message or ""), bool(clipped), None if tokens is None else int(tokens),
                            None if finish is None else str(finish),
