@@ -34,6 +34,7 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("grader-windows", _records("GraderWindow"), "project/run_id", "derived"),
     TopicSpec("step-stats", _records("StepStats"), "project/run_id", "derived"),
     TopicSpec("reward-histograms", _records("RewardHistogram"), "project/run_id", "derived"),
+    TopicSpec("step-terms", _records("StepTermStats"), "project/run_id", "derived"),
     TopicSpec("length-histograms", _records("CompletionLengthHistogram"), "project/run_id", "derived"),
     TopicSpec("alerts", _records("Alert"), "project/run_id, or hw_id for GPU alerts, pod/engine for engine alerts", "derived"),
     # Wall-clock ticks, one message per partition every half second: a Faust table can only be
@@ -54,10 +55,11 @@ GRADER_FAILURES_TOPIC = "grader-failures"
 GRADER_WINDOWS_TOPIC = "grader-windows"
 STEP_STATS_TOPIC = "step-stats"
 REWARD_HISTOGRAMS_TOPIC = "reward-histograms"
+STEP_TERMS_TOPIC = "step-terms"
 LENGTH_HISTOGRAMS_TOPIC = "length-histograms"
 ALERTS_TOPIC = "alerts"
 _NAMED = (DLQ_TOPIC, TICKS_TOPIC, SPANS_TOPIC, STEPS_TOPIC, HARDWARE_TOPIC, GRADER_FAILURES_TOPIC, GRADER_WINDOWS_TOPIC,
-          STEP_STATS_TOPIC, REWARD_HISTOGRAMS_TOPIC, LENGTH_HISTOGRAMS_TOPIC, ALERTS_TOPIC)
+          STEP_STATS_TOPIC, REWARD_HISTOGRAMS_TOPIC, STEP_TERMS_TOPIC, LENGTH_HISTOGRAMS_TOPIC, ALERTS_TOPIC)
 if set(_NAMED) - set(BY_SHORT):  # a misspelt constant would name a topic nobody creates
     raise ImportError(f"topic constants not in TOPICS: {sorted(set(_NAMED) - set(BY_SHORT))}")
 
@@ -85,6 +87,7 @@ TABLES: dict[str, str] = {
     full_name("GraderWindow"): "grader_windows",
     full_name("StepStats"): "step_stats",
     full_name("RewardHistogram"): "reward_histograms",
+    full_name("StepTermStats"): "step_term_stats",
     full_name("CompletionLengthHistogram"): "completion_length_histograms",
     full_name("Alert"): "alerts",
 }
@@ -104,6 +107,7 @@ NATURAL_KEYS: dict[str, tuple[str, ...]] = {
     "grader_windows": ("project", "run_id", "attempt", "term", "window_start_ns"),
     "step_stats": ("project", "run_id", "attempt", "step"),
     "reward_histograms": ("project", "run_id", "attempt", "step", "term"),
+    "step_term_stats": ("project", "run_id", "attempt", "step", "term"),
     "completion_length_histograms": ("project", "run_id", "attempt", "step"),
     "alerts": ("rule", "key", "first_seen_ns", "state"),
 }

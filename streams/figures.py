@@ -26,7 +26,8 @@ class StepFigures:
 
     __slots__ = ("rollouts", "failed", "clipped", "reward_sum", "reward_sumsq", "completions", "completion_sum",
                  "completion_min", "completion_max", "hist", "lengths", "samples", "samples_dropped",
-                 "terms_dropped", "end_ns", "last_ns", "closed", "dirty", "stale_n", "stale_sum", "stale_max", "_dicts")
+                 "terms_dropped", "end_ns", "last_ns", "closed", "dirty", "stale_n", "stale_sum", "stale_max", "graders",
+                 "_dicts")
 
     def __init__(self) -> None:
         self.rollouts = self.clipped = self.completions = self.completion_sum = 0
@@ -35,6 +36,8 @@ class StepFigures:
         self.completion_min: int | None = None
         self.completion_max: int | None = None
         self.hist: dict[str, RewardHistogram] = {}
+        # the step's grader calls per term (GRADER spans that name the step): durations, causes, tokens
+        self.graders: dict[str, GraderWindow] = {}
         self.lengths = ExpHistogram()
         self.samples: dict[str, list] = {}  # sample_id -> [n, min, max, sum, sum of squares]
         self.samples_dropped = self.terms_dropped = 0
@@ -129,6 +132,17 @@ class StepFigures:
         if self.closed:
             self.dirty = True
 
+    def add_grader(self, span: dict[str, Any]) -> None:
+        """One grader call of the step (a GRADER span naming the step and a term the run keeps)."""
+        self._dicts = None
+        term = span["term"]
+        calls = self.graders.get(term)
+        if calls is None:
+            calls = self.graders[term] = GraderWindow()
+        calls.add(span)
+        if self.closed:
+            self.dirty = True
+
     def _hist(self, term: str, x: float) -> None:
         h = self.hist.get(term)
         if h is None:
@@ -145,7 +159,8 @@ class StepFigures:
                 "hist": hist, "lengths": lengths,
                 "samples": self.samples, "samples_dropped": self.samples_dropped, "terms_dropped": self.terms_dropped,
                 "end_ns": self.end_ns, "last_ns": self.last_ns, "closed": self.closed, "dirty": self.dirty,
-                "stale": [self.stale_n, self.stale_sum, self.stale_max]}
+                "stale": [self.stale_n, self.stale_sum, self.stale_max],
+                "graders": {t: w.to_dict() for t, w in self.graders.items()}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepFigures:
@@ -159,6 +174,7 @@ class StepFigures:
         f.last_ns = d.get("last_ns", 0)  # absent from state written before it existed
         f.failed = d.get("failed", 0)  # likewise
         f.stale_n, f.stale_sum, f.stale_max = d.get("stale", (0, 0, None))  # likewise
+        f.graders = {t: GraderWindow.from_dict(w) for t, w in d.get("graders", {}).items()}  # likewise
         return f
 
     # -- records -----------------------------------------------------------------------------
@@ -179,6 +195,7 @@ class StepFigures:
             "completion_mean": self.completion_sum / self.completions if self.completions else 0.0,
             "completion_min": self.completion_min or 0, "completion_max": self.completion_max or 0,
             "samples": len(groups), "samples_same_reward": same,
+            "zero_std_fraction": same / len(groups) if groups else None,
             "sample_reward_spread_mean": sum(spreads) / len(spreads) if spreads else 0.0,
             "staleness_max": self.stale_max, "staleness_mean": self.stale_sum / self.stale_n if self.stale_n else None,
             "rollouts_attempted": n + self.failed, "rollouts_failed": self.failed,
@@ -192,6 +209,24 @@ class StepFigures:
                  "sum": h.sum, "min": h.min if h.min is not None else 0.0, "max": h.max if h.max is not None else 0.0,
                  "zero_fraction": h.zero_fraction, "emitted_at_ns": emitted_at_ns}
                 for term, h in sorted(self.hist.items())]
+
+    def term_records(self, ident: dict[str, Any], step: int, emitted_at_ns: int) -> list[dict[str, Any]]:
+        """StepTermStats records: one per declared term with shares or grader calls in the step."""
+        out = []
+        for term in sorted((set(self.hist) - {"total"}) | set(self.graders)):
+            h = self.hist.get(term) or RewardHistogram()
+            calls = self.graders.get(term) or GraderWindow()
+            failures = calls.failures
+            scored = h.count - failures  # a failed score is in the shares as 0 (seed 001)
+            out.append({
+                **ident, "step": step, "term": term, "rollouts": h.count, "share_mean": h.mean, "share_std": h.std,
+                "share_zero_fraction": h.zero_fraction, "graded": calls.graded, "failures": failures,
+                "failure_rate": failures / calls.graded if calls.graded else 0.0,
+                # what the failed scores would have added at the mean share of the rollouts the term did score
+                "failure_cost": failures * h.sum / scored if scored > 0 else (0.0 if not failures else None),
+                **calls.duration_figures(), "judge_input_tokens": calls.input_tokens,
+                "judge_output_tokens": calls.output_tokens, "emitted_at_ns": emitted_at_ns})
+        return out
 
     def length_record(self, ident: dict[str, Any], step: int, emitted_at_ns: int) -> dict[str, Any]:
         h = self.lengths
@@ -211,10 +246,11 @@ def _std(n: int, s: float, sq: float) -> float:
 class GraderWindow:
     """Grader outcomes of one (attempt, term) in one tumbling event-time window."""
 
-    __slots__ = ("graded", "causes", "durations", "closed", "dirty", "_durations_dict")
+    __slots__ = ("graded", "causes", "durations", "input_tokens", "output_tokens", "closed", "dirty", "_durations_dict")
 
     def __init__(self) -> None:
         self.graded = 0
+        self.input_tokens = self.output_tokens = 0  # what the judge reported (seed 001's grader.tokens)
         self.causes: dict[str, int] = {}
         self.durations = ExpHistogram()
         self.closed = False
@@ -225,6 +261,12 @@ class GraderWindow:
         self._durations_dict = None
         self.graded += 1
         self.durations.add(max(span["end_time_ns"] - span["start_time_ns"], 0) / NS)
+        tokens = span.get("judge_input_tokens")
+        if tokens is not None and tokens > 0:  # a negative count from another writer adds nothing
+            self.input_tokens += tokens
+        tokens = span.get("judge_output_tokens")
+        if tokens is not None and tokens > 0:
+            self.output_tokens += tokens
         outcome = span.get("outcome") or "ok"
         if outcome != "ok":
             cause = outcome if outcome in CAUSES else UNKNOWN_CAUSE
@@ -240,13 +282,14 @@ class GraderWindow:
         if self._durations_dict is None:
             self._durations_dict = self.durations.to_dict()
         return {"graded": self.graded, "causes": dict(self.causes), "durations": self._durations_dict,
-                "closed": self.closed, "dirty": self.dirty}
+                "tokens": [self.input_tokens, self.output_tokens], "closed": self.closed, "dirty": self.dirty}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GraderWindow:
         w = cls()
         w.graded, w.causes, w.closed, w.dirty = d["graded"], dict(d["causes"]), d["closed"], d["dirty"]
         w.durations = ExpHistogram.from_dict(d["durations"])
+        w.input_tokens, w.output_tokens = d.get("tokens", (0, 0))  # absent from state written before it existed
         return w
 
     def failure_records(self, ident: dict[str, Any], term: str, start_ns: int, end_ns: int,
@@ -261,13 +304,17 @@ class GraderWindow:
     def window_record(self, ident: dict[str, Any], term: str, start_ns: int, end_ns: int,
                       emitted_at_ns: int) -> dict[str, Any]:
         """The GraderWindow record: totals over causes with the grader-call duration percentiles."""
+        failures = self.failures
+        return {**ident, "term": term, "window_start_ns": start_ns, "window_end_ns": end_ns, "graded": self.graded,
+                "failures": failures, "failure_rate": failures / self.graded if self.graded else 0.0,
+                **self.duration_figures(), "emitted_at_ns": emitted_at_ns}
+
+    def duration_figures(self) -> dict[str, float]:
+        """Percentiles of the grader-call durations from the exponential histogram (0.0 when empty)."""
         d = self.durations
 
         def q(p: float) -> float:
             return float(d.quantile(p)) if d.count else 0.0
 
-        failures = self.failures
-        return {**ident, "term": term, "window_start_ns": start_ns, "window_end_ns": end_ns, "graded": self.graded,
-                "failures": failures, "failure_rate": failures / self.graded if self.graded else 0.0,
-                "duration_p50_s": q(0.5), "duration_p90_s": q(0.9), "duration_p99_s": q(0.99),
-                "duration_max_s": float(d.max or 0.0), "emitted_at_ns": emitted_at_ns}
+        return {"duration_p50_s": q(0.5), "duration_p90_s": q(0.9), "duration_p99_s": q(0.99),
+                "duration_max_s": float(d.max or 0.0)}

@@ -52,6 +52,7 @@ class RewardHistogram:
     """Fixed-bucket reward histogram for one (run, attempt, step, term).
 
     ``zeros`` counts rewards in bucket 0 (``x <= 0``). ``min`` and ``max`` are None when empty.
+    ``sumsq`` (the sum of squares) gives the spread: seed 001's per-step spread of each term's share.
     """
 
     counts: list[int] = field(default_factory=lambda: [0] * REWARD_BUCKETS)
@@ -60,6 +61,7 @@ class RewardHistogram:
     min: float | None = None
     max: float | None = None
     zeros: int = 0
+    sumsq: float = 0.0
 
     def add(self, x: float) -> None:
         x = float(x)
@@ -69,6 +71,7 @@ class RewardHistogram:
         self.counts[i] += 1
         self.count += 1
         self.sum += x
+        self.sumsq += x * x
         if self.min is None or x < self.min:
             self.min = x
         if self.max is None or x > self.max:
@@ -81,7 +84,7 @@ class RewardHistogram:
         return RewardHistogram(counts=[a + b for a, b in zip(self.counts, other.counts)],
                                count=self.count + other.count, sum=self.sum + other.sum,
                                min=_either(min, self.min, other.min), max=_either(max, self.max, other.max),
-                               zeros=self.zeros + other.zeros)
+                               zeros=self.zeros + other.zeros, sumsq=self.sumsq + other.sumsq)
 
     @property
     def zero_fraction(self) -> float:
@@ -93,9 +96,17 @@ class RewardHistogram:
         """Mean reward; 0.0 when empty, like ``zero_fraction``."""
         return self.sum / self.count if self.count else 0.0
 
+    @property
+    def std(self) -> float:
+        """Population standard deviation; 0.0 when empty."""
+        if not self.count:
+            return 0.0
+        mean = self.sum / self.count
+        return math.sqrt(max(self.sumsq / self.count - mean * mean, 0.0))
+
     def to_dict(self) -> dict[str, Any]:
         return {"counts": list(self.counts), "count": self.count, "sum": self.sum,
-                "min": self.min, "max": self.max, "zeros": self.zeros}
+                "min": self.min, "max": self.max, "zeros": self.zeros, "sumsq": self.sumsq}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RewardHistogram:
@@ -103,7 +114,8 @@ class RewardHistogram:
         if len(counts) != REWARD_BUCKETS:
             raise ValueError(f"reward histogram needs {REWARD_BUCKETS} counts, got {len(counts)}")
         return cls(counts=counts, count=int(d["count"]), sum=float(d["sum"]), min=d["min"],
-                   max=d["max"], zeros=int(d["zeros"]))
+                   max=d["max"], zeros=int(d["zeros"]),
+                   sumsq=float(d.get("sumsq", 0.0)))  # absent from state written before it existed
 
 
 def exp_index(value: float, scale: int) -> int:

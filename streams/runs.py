@@ -34,7 +34,7 @@ import logging
 from typing import Any, NamedTuple
 
 from rlpulse.schemas.catalogue import (ALERTS_TOPIC, GRADER_FAILURES_TOPIC, GRADER_WINDOWS_TOPIC, LENGTH_HISTOGRAMS_TOPIC,
-                                       REWARD_HISTOGRAMS_TOPIC, SPANS_TOPIC, STEP_STATS_TOPIC)
+                                       REWARD_HISTOGRAMS_TOPIC, SPANS_TOPIC, STEP_STATS_TOPIC, STEP_TERMS_TOPIC)
 from rlpulse.base.settings import AlertThresholds
 from rlpulse.streams.alerting import AlertBook, checkpoint_rule, forget_run, grader_failure_rate, step_rules
 from rlpulse.streams.figures import MAX_NAME, MAX_TERMS, NS, GraderWindow, StepFigures
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 SPAN_FIELDS = frozenset({"project", "run_id", "attempt", "time_ns", "kind", "term", "outcome", "step", "start_time_ns",
                          "end_time_ns", "reward", "clipped", "completion_tokens", "term_shares", "sample_id",
                          "sequence_id", "writer_sequence", "writer_id", "status", "policy_version", "checkpoint_op",
-                         "status_message"})
+                         "status_message", "judge_input_tokens", "judge_output_tokens"})
 
 ALL_IN = 2**62  # the progress of a run whose writers have all ended and whose every event is in
 INF = float("inf")
@@ -203,6 +203,10 @@ class RunProcessor:
                 run.terms.append(term)
             window = run.windows[key] = GraderWindow()
         window.add(span)
+        if span.get("step") is not None:  # the step's own figures of the term (seed 001: per step and term)
+            figures = self._step_of(run, span)
+            if figures is not None:
+                figures.add_grader(span)
 
     def _rollout(self, run: Run, span: dict[str, Any]) -> None:
         # The SDK refuses a NaN reward or a negative length at the call; another writer's must
@@ -409,6 +413,7 @@ class RunProcessor:
         stats = f.stats_record(ident, step, now_ns)
         out = [Output(STEP_STATS_TOPIC, run.key, "StepStats", stats)]
         out += [Output(REWARD_HISTOGRAMS_TOPIC, run.key, "RewardHistogram", r) for r in f.histogram_records(ident, step, now_ns)]
+        out += [Output(STEP_TERMS_TOPIC, run.key, "StepTermStats", r) for r in f.term_records(ident, step, now_ns)]
         out.append(Output(LENGTH_HISTOGRAMS_TOPIC, run.key, "CompletionLengthHistogram", f.length_record(ident, step, now_ns)))
         if first:
             # first seen at the step's last rollout (event time): the same record if a crash makes us fire it again

@@ -1,8 +1,8 @@
 """How ClickHouse decodes an Avro container into a table: the structure and the SELECT list.
 
 ClickHouse decodes every table the sink writes (spans, steps, gpu_samples, placements,
-grader_failures, grader_windows, step_stats, reward_histograms, completion_length_histograms,
-alerts): the sink hands it the message bytes and one ``INSERT … SELECT`` per table, and no
+grader_failures, grader_windows, step_stats, reward_histograms, step_term_stats,
+completion_length_histograms, alerts): the sink hands it the message bytes and one ``INSERT … SELECT`` per table, and no
 record is decoded in Python. Nothing is derived from hand-written column lists: the columns are
 the fields of the reader ``.avsc`` (``rlpulse.schemas.codec.load_schemas``) that the table has, and each
 field's expression follows from its Avro type and the table's column type:

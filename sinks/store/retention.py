@@ -32,7 +32,7 @@ TIME_COLUMNS: dict[str, str] = {
     "spans": "end_time", "steps": "time", "gpu_samples": "time", "placements": "time", "engine_samples": "time",
     "capacity": "time", "grader_failures": "window_start", "grader_windows": "window_start",
     "step_stats": "emitted_at", "reward_histograms": "emitted_at", "completion_length_histograms": "emitted_at",
-    "alerts": "time",
+    "step_term_stats": "emitted_at", "alerts": "time",
 }
 if set(TIME_COLUMNS) != set(TABLES.values()):  # a table added to the catalogue needs its time column here
     raise ImportError(f"retention: time columns differ from the catalogue's tables: "

@@ -228,6 +228,6 @@ def test_outputs_go_out_one_container_per_topic_key_and_record_type() -> None:
     h.advance(2 * IDLE_S)
     assert [(topic, key, schema) for topic, key, schema, _ in h.broker.containers] == [
         ("step-stats", "p/r1", "StepStats"), ("reward-histograms", "p/r1", "RewardHistogram"),
-        ("length-histograms", "p/r1", "CompletionLengthHistogram")]
-    assert [n for *_, n in h.broker.containers] == [1, len(h.emissions(REWARD_HISTOGRAMS_TOPIC)), 1]
+        ("step-terms", "p/r1", "StepTermStats"), ("length-histograms", "p/r1", "CompletionLengthHistogram")]
+    assert [n for *_, n in h.broker.containers] == [1, len(h.emissions(REWARD_HISTOGRAMS_TOPIC)), 1, 1]
     assert len(h.emissions(REWARD_HISTOGRAMS_TOPIC)) == 2  # "total" and the "judge" term, in one container
