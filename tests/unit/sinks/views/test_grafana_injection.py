@@ -124,7 +124,8 @@ def test_hostile_values_stay_one_literal_in_every_panel() -> None:
         ("span-tree", "attempt"), ("span-tree", "rollout_id"), ("step-metrics", "run_id"), ("checkpoints", "run_id"),
         ("failures-by-step", "run_id"), ("engine-by-step", "run_id"), ("engine-by-step", "attempt"),
         ("trace-calls", "run_id"), ("content-dropped", "run_id"), ("final-rewards", "run_id"),
-        ("final-rewards", "attempt"), ("reward-spans", "run_id"), ("reward-spans", "attempt"), ("reward-spans", "rollout_id")}
+        ("final-rewards", "attempt"), ("reward-spans", "run_id"), ("reward-spans", "attempt"), ("reward-spans", "rollout_id"),
+        ("term-figures", "run_id")}
     out = clickhouse(queries)
 
     for key, name, variable, value in expected:
