@@ -152,8 +152,10 @@ def _one_rollout(
     weight = 1.0 / len(config.terms)
     for t, term in enumerate(config.terms):
         outcome = _outcome(rng, config, (step * config.rollouts_per_step + i) * len(config.terms) + t)
-        score = round(rng.random(), 3) if outcome == "ok" else 0.0  # a failed score counts as zero
-        shares[term] = round(score * weight, 6)
+        score = round(rng.random(), 3) if outcome == "ok" else None
+        shares[term] = round((score or 0.0) * weight, 6)  # a failed score counts as zero for its term (seed 001)
+        # a judge reports its tokens in its reply: none when it did not answer
+        judge = term == "judge" and outcome == "ok"
         tel.grader(
             step=step,
             rollout_id=f"s{step}-r{i}",
@@ -161,6 +163,8 @@ def _one_rollout(
             outcome=outcome,
             duration_s=round(rng.uniform(0.1, 3.0), 3),
             score=score,
+            input_tokens=rng.randint(300, 900) if judge else None,
+            output_tokens=rng.randint(5, 60) if judge else None,
         )
         truth.spans += 1
         truth.graded[(run_id, term)] += 1
