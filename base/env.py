@@ -36,7 +36,13 @@ TOPIC_PREFIX = _var("RLPULSE_TOPIC_PREFIX", SETTINGS, "prefix of every topic nam
 PARTITIONS = _var("RLPULSE_PARTITIONS", SETTINGS, "partitions of the pipeline's topics when they are created")
 WINDOW = _var("RLPULSE_WINDOW", SETTINGS, "length of the streams' tumbling windows")
 ALLOWED_LATENESS = _var("RLPULSE_ALLOWED_LATENESS", SETTINGS, "how late an event may arrive for its window")
-STALL_AFTER = _var("RLPULSE_STALL_AFTER", SETTINGS, "a run whose step count stays this long fires run_stalled")
+STALL_AFTER = _var("RLPULSE_STALL_AFTER", SETTINGS,
+                   "stall window of a run with no step time yet (first_step_stalled, and stalled_run before its 1st interval)")
+STALL_MIN = _var("RLPULSE_STALL_MIN", SETTINGS,
+                 "floor of a run's own stall window (factor x its median step time); never above RLPULSE_STALL_AFTER")
+STALL_MAX = _var("RLPULSE_STALL_MAX", SETTINGS, "ceiling of a run's own stall window (may exceed RLPULSE_STALL_AFTER)")
+STALL_FACTOR = _var("RLPULSE_STALL_FACTOR", SETTINGS,
+                    "a run's stall window is this many times its median time between step_count increases")
 SILENT_AFTER = _var("RLPULSE_SILENT_AFTER", SETTINGS, "a run with no event at all this long fires silent_run")
 HEARTBEAT_INTERVAL = _var("RLPULSE_HEARTBEAT_INTERVAL", SETTINGS, "how often the SDK sends a run's heartbeat")
 STREAMS_COMMIT_INTERVAL = _var("RLPULSE_STREAMS_COMMIT_INTERVAL", SETTINGS, "how often the streams commit offsets")

@@ -118,6 +118,13 @@ class Settings:
     window: float = 60.0
     allowed_lateness: float = 10.0
     stall_after: float = 900.0
+    # A run's own stall window once it has shown its step time (streams/stall.py): stall_factor x
+    # the median time between its step_count increases, clamped to [min(stall_min, stall_after),
+    # stall_max]. The ceiling is its own (24 h), not stall_after: a run whose normal step is
+    # slower than stall_after must not fire on every step.
+    stall_min: float = 60.0
+    stall_max: float = 86400.0
+    stall_factor: float = 5.0
     silent_after: float = 300.0
     heartbeat_interval: float = 15.0
     # How often the streams commit offsets. Faust defaults to 2.8 s; 1 s moves a backlog's last
@@ -162,6 +169,9 @@ class Settings:
         envvars.WINDOW: ("window", parse_duration),
         envvars.ALLOWED_LATENESS: ("allowed_lateness", parse_duration),
         envvars.STALL_AFTER: ("stall_after", parse_duration),
+        envvars.STALL_MIN: ("stall_min", parse_duration),
+        envvars.STALL_MAX: ("stall_max", parse_duration),
+        envvars.STALL_FACTOR: ("stall_factor", float),
         envvars.SILENT_AFTER: ("silent_after", parse_duration),
         envvars.HEARTBEAT_INTERVAL: ("heartbeat_interval", parse_duration),
         envvars.STREAMS_COMMIT_INTERVAL: ("streams_commit_interval", parse_duration),
@@ -233,6 +243,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         _check_kafka_security(self)
+        _check_stall(self)
 
     def env(self) -> dict[str, str]:
         """The variables that give a child process these settings: every one of ``_ENV`` but the
@@ -355,4 +366,19 @@ def _check_kafka_security(s: Settings) -> None:
         )
 
 
-_DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "silent_after", "heartbeat_interval", "streams_commit_interval"}
+def _check_stall(s: Settings) -> None:
+    """The stall window's bounds make sense: positive, floor below ceiling, factor at least 1
+    (below 1 every normal step would be later than its own window)."""
+    for var, value in ((envvars.STALL_AFTER, s.stall_after), (envvars.STALL_MIN, s.stall_min),
+                       (envvars.STALL_MAX, s.stall_max)):
+        if not value > 0:
+            raise ValueError(f"{var} must be a positive duration, got {value}s")
+    if s.stall_min > s.stall_max:
+        raise ValueError(f"{envvars.STALL_MIN} ({s.stall_min:g}s) is above {envvars.STALL_MAX} ({s.stall_max:g}s): "
+                         f"the floor of a run's stall window must not exceed its ceiling")
+    if not 1.0 <= s.stall_factor < float("inf"):
+        raise ValueError(f"{envvars.STALL_FACTOR} must be a number of at least 1, got {s.stall_factor}")
+
+
+_DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "stall_min", "stall_max", "silent_after",
+                    "heartbeat_interval", "streams_commit_interval"}

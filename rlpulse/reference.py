@@ -158,17 +158,23 @@ def _threshold_comments() -> dict[str, str]:
 
 
 def alerts_page() -> str:
-    from rlpulse.streams.alerting import MEANING, SEVERITY
+    from rlpulse.streams.alerting import MEANING, SCOPE, SEVERITY
 
     comments = _threshold_comments()
     defaults = AlertThresholds()
     parts = [HEADER, "# Alert rules\n\n",
              "One `Alert` record on `<prefix>.alerts` per change: FIRING once when an episode opens, RESOLVED once "
              "when it ends. `rlpulse alerts` prints them and can POST each to a webhook.\n\n"]
-    parts.append(_table(["rule", "severity", "fires when"], [[f"`{r}`", SEVERITY[r], MEANING[r]] for r in SEVERITY]))
+    parts.append(_table(["rule", "severity", "scope", "fires when"],
+                        [[f"`{r}`", SEVERITY[r], SCOPE[r], MEANING[r]] for r in SEVERITY]))
+    parts.append("\nScope: `run` alerts are keyed by project/run_id/attempt and resolve with the summary "
+                 "\"run ended\" when the attempt sends RUN_END (or a newer attempt supersedes it), after its last "
+                 "steps and windows were judged; `gpu` alerts (keyed by hw_id) and `engine` alerts (keyed by the "
+                 "engine) outlive a run and resolve by their own rule only.\n")
     parts.append("\n## Thresholds\n\nSet per pipeline in `Settings.alerts` (`rlpulse streams` reads them from the "
-                 f"environment, below); the stall and silence windows are `{envvars.STALL_AFTER}` and "
-                 f"`{envvars.SILENT_AFTER}`.\n\n")
+                 f"environment, below); the stall windows come from `{envvars.STALL_AFTER}` (before a run has a step "
+                 f"time, and for `first_step_stalled`), `{envvars.STALL_FACTOR}`, `{envvars.STALL_MIN}` and "
+                 f"`{envvars.STALL_MAX}` (a run's own window), the silence window from `{envvars.SILENT_AFTER}`.\n\n")
     env_of = {field: var for var, (field, _) in Settings._ENV.items()}  # type: ignore[attr-defined]
     rows = [[f"`{f.name}`", getattr(defaults, f.name), f"`{env_of[f'alerts.{f.name}']}`" if f"alerts.{f.name}" in env_of
              else "", comments.get(f.name, "")] for f in dataclasses.fields(AlertThresholds)]

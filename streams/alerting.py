@@ -6,8 +6,8 @@ episode. State lives in mappings passed in (Faust tables in
 production, plain dicts in tests), values are JSON-able dicts that are replaced, never mutated
 in place, and time comes in as ``now_ns`` (wall clock of the stream processor).
 
-Severity: ``xid`` and ``stalled_run`` are ``critical`` (a GPU fault or a job that no longer
-makes progress burns the whole allocation); every other rule is ``warning`` (a quality or
+Severity: ``xid``, ``stalled_run`` and ``first_step_stalled`` are ``critical`` (a GPU fault or a
+job that no longer makes progress burns the whole allocation); every other rule is ``warning`` (a quality or
 telemetry signal that someone should look at, but the job is still training). ``silent_run`` is
 a warning because silence may come from the exporter or the network as well as from the job.
 """
@@ -20,13 +20,16 @@ from typing import Any
 from collections.abc import MutableMapping
 
 from rlpulse.schemas.catalogue import engine_key
+from rlpulse.base.env import STALL_AFTER
 from rlpulse.base.settings import AlertThresholds
+from rlpulse.schemas import gpu_health
 
 NS = 1_000_000_000
 SLOWDOWN_BIT = 0x8  # NVML clocks event reason: hardware slowdown (seed 001, "GPU health")
 
 SEVERITY = {
     "stalled_run": "critical",
+    "first_step_stalled": "critical",  # a job stuck at start-up holds its whole allocation too
     "silent_run": "warning",
     "grader_failure_rate": "warning",
     "xid": "critical",
@@ -39,19 +42,38 @@ SEVERITY = {
 }
 # What each rule means, for people reading an alert (docs/reference/alerts.md is generated from it).
 MEANING = {
-    "stalled_run": "a run still reports, but its step count has not increased for the stall window",
+    "stalled_run": "a run still reports, but its step count has not increased for its stall window "
+                   f"(factor x its own median step time, clamped; {STALL_AFTER} before it has one)",
+    "first_step_stalled": f"a run still reports, but has not completed its first step {STALL_AFTER} "
+                          "after its first report (stuck at start-up)",
     "silent_run": "a run has sent no event at all for the silence window",
     "grader_failure_rate": "a reward term's failed scores over its graded scores, in one window, is over the threshold",
-    "xid": "a GPU reported its first XID error (resolves after a quiet period without a new one)",
-    "hw_slowdown": "a GPU's clocks are held down by the hardware-slowdown throttle reason (bit 0x8)",
+    "xid": "a GPU reported its first XID error (resolves after a quiet period without a new one); the summary "
+           "gives its class. " + gpu_health.xid_classes_table(),
+    "hw_slowdown": f"a GPU's clocks are cut by the hardware slowdown throttle reason (bit {gpu_health.HW_SLOWDOWN_BIT:#x}); "
+                   f"the summary names every reason set, of: {gpu_health.throttle_reasons_table()}",
     "clipped_ratio_rising": "the share of rollouts truncated at the maximum length rose over consecutive steps",
     "reward_collapse": "a step's rewards are at or below zero too often (the total's zero fraction)",
     "policy_stale": "a step trained on rollouts generated more steps before it than the staleness bound",
     "checkpoint_failed": "a checkpoint save failed",
     "engine_saturated": "a vLLM engine has requests waiting with its KV cache nearly full, for too long",
 }
-if set(MEANING) != set(SEVERITY):  # a rule added to one and not the other would go undocumented
-    raise ImportError(f"alert rules without a meaning or a severity: {sorted(set(MEANING) ^ set(SEVERITY))}")
+# What each rule's key names, and so what ends its episodes besides its own condition (the
+# generated alerts reference shows it). ``run``: keyed by project/run_id/attempt (a grader term
+# after it): the run processor resolves every open one with "run ended" once the attempt has sent
+# RUN_END (or was superseded by a newer attempt) and its last steps and windows were judged.
+# ``gpu``: keyed by hw_id; the GPU outlives the run, so its own rule resolves it (an XID after a
+# quiet period, a slowdown when the bit clears). ``engine``: keyed by the vLLM engine (pod, url,
+# engine); it resolves when a sample shows the engine no longer saturated.
+SCOPE = {
+    "stalled_run": "run", "first_step_stalled": "run", "silent_run": "run", "grader_failure_rate": "run",
+    "clipped_ratio_rising": "run", "reward_collapse": "run", "policy_stale": "run", "checkpoint_failed": "run",
+    "xid": "gpu", "hw_slowdown": "gpu", "engine_saturated": "engine",
+}
+RUN_SCOPED = frozenset(rule for rule, scope in SCOPE.items() if scope == "run")
+if not set(MEANING) == set(SEVERITY) == set(SCOPE):  # a rule added to one and not the others would go undocumented
+    raise ImportError("alert rules without a meaning, a severity or a scope: "
+                      f"{sorted((set(MEANING) | set(SEVERITY) | set(SCOPE)) - (set(MEANING) & set(SEVERITY) & set(SCOPE)))}")
 
 
 class AlertBook:
@@ -185,25 +207,29 @@ def hardware(book: AlertBook, state: MutableMapping[str, dict], sample: dict[str
         new["xid_last"] = sample.get("xid_last")
         new["xid_increased_ns"] = now_ns
         code = new["xid_last"]
+        # A poller older than the class field: classify here, from the same catalogue.
+        klass = sample.get("xid_class") or gpu_health.xid_class(code)
+        what = gpu_health.xid_description(code)
         out.append(book.fire(
             "xid", hw_id, now_ns=now_ns, value=float(code or 0), threshold=0.0,
-            summary=f"XID {code} on GPU {hw_id} (index {sample.get('index')}, host {sample.get('host', '')}); "
-                    f"{count} XIDs since the count started",
+            summary=f"XID {code} ({klass}{': ' + what if what else ''}) on GPU {hw_id} (index {sample.get('index')}, "
+                    f"host {sample.get('host', '')}); {count} XIDs since the count started",
             severity=SEVERITY["xid"], since_ns=since_ns, **ident))
     if new != seen:  # most samples change nothing; skip the changelog write for them
         state[hw_id] = new
     out.extend(_xid_quiet(book, hw_id, new, thresholds, now_ns))
 
-    reasons = int(sample.get("throttle_reasons") or 0)
-    if reasons & SLOWDOWN_BIT:
+    reasons = int(sample.get("throttle_reasons") or 0) & 0xFFFF_FFFF_FFFF_FFFF  # an Avro long: bit 63 negative
+    names = ", ".join(gpu_health.throttle_reason_names(reasons)) or "none"
+    if reasons & gpu_health.HW_SLOWDOWN_BIT:  # with hw_thermal / hw_power_brake naming the cause when set
         out.append(book.fire(
-            "hw_slowdown", hw_id, now_ns=now_ns, value=float(reasons), threshold=float(SLOWDOWN_BIT),
-            summary=f"GPU {hw_id} clocks held down by hardware slowdown (throttle reasons {reasons:#x})",
+            "hw_slowdown", hw_id, now_ns=now_ns, value=float(reasons), threshold=float(gpu_health.HW_SLOWDOWN_BIT),
+            summary=f"GPU {hw_id} clocks held down by the hardware: {names} (throttle reasons {reasons:#x})",
             severity=SEVERITY["hw_slowdown"], since_ns=since_ns, **ident))
     elif not xid_report:
         out.append(book.resolve(
             "hw_slowdown", hw_id, now_ns=now_ns, value=float(reasons),
-            summary=f"GPU {hw_id} no longer in hardware slowdown (throttle reasons {reasons:#x})"))
+            summary=f"GPU {hw_id} no longer slowed down by the hardware: {names} (throttle reasons {reasons:#x})"))
     return _emit(*out)
 
 
@@ -353,3 +379,21 @@ def checkpoint_rule(book: AlertBook, span: dict[str, Any], now_ns: int) -> list[
 def forget_run(state: MutableMapping[str, dict], project: str, run_id: str, attempt: int) -> None:
     """Drop the step-rule state of an attempt that ended (the wiring calls it on RUN_END)."""
     state.pop(f"{project}/{run_id}/{attempt}", None)
+
+
+def end_attempt(book: AlertBook, project: str, run_id: str, attempt: int, now_ns: int, why: str = "run ended") -> list[dict]:
+    """RESOLVED records for every open run-scoped episode (``SCOPE``) of one attempt, in (rule, key) order.
+
+    The summary is ``run <run_id> attempt <n>: <why>``; the value stays the last one seen. GPU- and
+    engine-scoped episodes that carry the run's identity (an XID on a GPU placed on it) are left
+    to their own rules. Resolving deletes the entry, so a second call returns nothing.
+    """
+    mine = sorted((e["rule"], e["key"]) for e in book.state.values()
+                  if e["rule"] in RUN_SCOPED and e["attempt"] == attempt and e["run_id"] == run_id
+                  and e["project"] == project)
+    out: list[dict] = []
+    for rule, key in mine:
+        current = book.state[book._key(rule, key)]
+        out += _emit(book.resolve(rule, key, now_ns=now_ns, value=current["value"],
+                                  summary=f"run {run_id} attempt {attempt}: {why}"))
+    return out

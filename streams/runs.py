@@ -36,7 +36,8 @@ from typing import Any, NamedTuple
 from rlpulse.schemas.catalogue import (ALERTS_TOPIC, GRADER_FAILURES_TOPIC, GRADER_WINDOWS_TOPIC, LENGTH_HISTOGRAMS_TOPIC,
                                        REWARD_HISTOGRAMS_TOPIC, SPANS_TOPIC, STEP_STATS_TOPIC, STEP_TERMS_TOPIC)
 from rlpulse.base.settings import AlertThresholds
-from rlpulse.streams.alerting import AlertBook, checkpoint_rule, forget_run, grader_failure_rate, step_rules
+from rlpulse.streams.alerting import (RUN_SCOPED, AlertBook, checkpoint_rule, end_attempt, forget_run, grader_failure_rate,
+                                      step_rules)
 from rlpulse.streams.figures import MAX_NAME, MAX_TERMS, NS, GraderWindow, StepFigures
 from rlpulse.streams.stall import StallDetector
 from rlpulse.streams.state import Run
@@ -66,7 +67,10 @@ class RunConfig:
     window_s: float = 60.0
     lateness_s: float = 10.0
     idle_s: float = 20.0  # no message for this long: close what is open by the wall clock
-    stall_after_s: float = 900.0
+    stall_after_s: float = 900.0  # the stall window before a run has a step time (streams/stall.py)
+    stall_min_s: float = 60.0  # a run's own window: factor x its median step time, within [min(this, stall_after), max]
+    stall_max_s: float = 86400.0
+    stall_factor: float = 5.0
     silent_after_s: float = 300.0
     retention_s: float = 120.0  # closed windows and steps kept this long (event time) for late data
     thresholds: AlertThresholds = dataclasses.field(default_factory=AlertThresholds)
@@ -80,7 +84,8 @@ class RunConfig:
     def from_settings(cls, settings: Any) -> RunConfig:
         return cls(window_s=settings.window, lateness_s=settings.allowed_lateness,
                    idle_s=max(2 * settings.allowed_lateness, 1.0),
-                   stall_after_s=settings.stall_after, silent_after_s=settings.silent_after,
+                   stall_after_s=settings.stall_after, stall_min_s=settings.stall_min, stall_max_s=settings.stall_max,
+                   stall_factor=settings.stall_factor, silent_after_s=settings.silent_after,
                    retention_s=max(10 * settings.allowed_lateness, 2 * settings.window), thresholds=settings.alerts)
 
 
@@ -247,9 +252,7 @@ class RunProcessor:
         return figures
 
     def _step_event(self, run: Run, event: dict[str, Any], now_ns: int) -> list[Output]:
-        book = AlertBook(run.alerts)
-        stalls = StallDetector(run.stalls, book, self.config.stall_after_s, self.config.silent_after_s,
-                               resumed_ns=self.quiet_from(run))
+        stalls = self._stalls(run, self.quiet_from(run))
         attempt = str(event["attempt"])
         # An attempt older than the newest one seen was superseded (its stall tracking ended when
         # the newer one reported): a straggler of it must not start a new, never-resolved episode.
@@ -275,6 +278,36 @@ class RunProcessor:
                     f.end_ns = event["time_ns"]
         return [self._alert(run, a) for a in alerts]
 
+    def _stalls(self, run: Run, resumed_ns: int) -> StallDetector:
+        c = self.config
+        return StallDetector(run.stalls, AlertBook(run.alerts), c.stall_after_s, c.silent_after_s, stall_min_s=c.stall_min_s,
+                             stall_max_s=c.stall_max_s, factor=c.stall_factor, resumed_ns=resumed_ns)
+
+    def _end_alerts(self, run: Run, now_ns: int, idle: bool) -> list[Output]:
+        """Resolve ("run ended") the open run-scoped alerts of attempts that sent RUN_END or were
+        superseded by a newer attempt, once the attempt's steps and windows are all closed (so their
+        rules have judged them) and, unless the run went idle, every span its writers' RUN_END
+        numbered is applied. Open GPU and engine alerts live in the hardware stage's book, not here."""
+        attempts = {e["attempt"] for e in run.alerts.values()
+                    if e["rule"] in RUN_SCOPED and (e["attempt"] in run.ended or e["attempt"] < run.latest_attempt)}
+        if not attempts:
+            return []
+        for k, f in run.steps.items():
+            if not f.closed:
+                attempts.discard(int(k.split("|", 1)[0]))
+        for k, w in run.windows.items():
+            if not w.closed:
+                attempts.discard(int(k.split("|", 1)[0]))
+        if not idle:
+            for k, last in run.finished.items():
+                if k.startswith("spans|") and run.marks.get(k, 0) < last:
+                    attempts.discard(int(k.split("|")[1]))
+        book, out = AlertBook(run.alerts), list[Output]()
+        for attempt in sorted(attempts):
+            why = "run ended" if attempt in run.ended else f"superseded by attempt {run.latest_attempt} (run ended)"
+            out += [self._alert(run, a) for a in end_attempt(book, run.project, run.run_id, attempt, now_ns, why)]
+        return out
+
     def _refuse_term(self, run: Run, term: str) -> None:
         run.terms_refused += 1
         self.terms_refused += 1
@@ -294,10 +327,8 @@ class RunProcessor:
     def on_tick(self, run: Run, now_ns: int) -> tuple[list[Output], bool]:
         """Wall-clock work for one run: stalls, and closing an idle run. Returns (outputs, state changed)."""
         before = len(run.alerts), len(run.stalls)
-        book = AlertBook(run.alerts)
         resumed = self.quiet_from(run)
-        alerts = StallDetector(run.stalls, book, self.config.stall_after_s, self.config.silent_after_s,
-                               resumed_ns=resumed).tick(now_ns)
+        alerts = self._stalls(run, resumed).tick(now_ns)
         out = [self._alert(run, a) for a in alerts]
         idle = now_ns - max(run.seen_ns, resumed) >= self.idle_ns
         changed = bool(out) or (len(run.alerts), len(run.stalls)) != before
@@ -305,6 +336,10 @@ class RunProcessor:
                      or any(not s.closed or s.dirty for s in run.steps.values())):
             out += self._close(run, now_ns, idle=True)
             changed = True
+        elif idle and run.alerts:  # nothing left to close, but an ended attempt's alerts may still wait
+            ended = self._end_alerts(run, now_ns, idle=True)
+            out += ended
+            changed = changed or bool(ended)
         if idle and now_ns - max(run.seen_ns, resumed) >= self.retention_ns and (run.windows or run.steps):
             for key in list(run.windows):  # everything was emitted complete above
                 self._retire_window(run, key)
@@ -379,6 +414,8 @@ class RunProcessor:
         for ended in list(run.ended):
             if not any(k.split("|")[0] == str(ended) for k in list(run.steps) + list(run.windows)):
                 forget_run(run.rules, run.project, run.run_id, ended)  # its step-rule state goes with it
+        if run.alerts:  # after the steps and windows above were judged: a final-step alert fires, then resolves
+            out += self._end_alerts(run, now_ns, idle)
         return out
 
     @staticmethod
@@ -401,11 +438,21 @@ class RunProcessor:
                for r in w.failure_records(ident, term, start_ns, end_ns, now_ns)]
         window = w.window_record(ident, term, start_ns, end_ns, now_ns)
         out.append(Output(GRADER_WINDOWS_TOPIC, run.key, "GraderWindow", window))
-        if first:
+        # A late update of the newest closed window of its term is judged again: grader calls held
+        # until their step completes (the SDK's grader_calls="step") reach a window after it closed.
+        # An older window is not: its verdict was overtaken by a later window's.
+        if first or self._newest_window(run, attempt, term, start_ns):
             # first seen at the window's end (event time): the same record if a crash makes us fire it again
             out += [self._alert(run, a) for a in grader_failure_rate(AlertBook(run.alerts), window, self.config.thresholds,
                                                                      now_ns, since_ns=end_ns)]
         return out
+
+    @staticmethod
+    def _newest_window(run: Run, attempt: int, term: str, start_ns: int) -> bool:
+        """No closed window of the same attempt and term starts after ``start_ns``."""
+        prefix = f"{attempt}|{term}|"
+        return not any(k.startswith(prefix) and int(k[len(prefix):]) > start_ns and w.closed
+                       for k, w in run.windows.items())
 
     def _emit_step(self, run: Run, attempt: int, step: int, f: StepFigures, now_ns: int, first: bool) -> list[Output]:
         f.dirty = False

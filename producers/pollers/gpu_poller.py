@@ -3,8 +3,9 @@
 Semantics from seed 001, "GPU health": sample every 5 s; at each export, power, GPU
 utilization, memory activity and SM clock are the mean of the samples since the previous
 export, throttle reasons the OR of every sample's mask, the rest the latest sample. XIDs are
-counted from 0 and published at once. If NVML cannot be read: one log line, placements
-without ``hw_id``, no figures.
+counted from 0 and published at once, with their class (``rlpulse.schemas.gpu_health``). If NVML
+cannot be read: one log line, placements without ``hw_id``, no figures. What one reading holds,
+and the optional figures NVML may lack: ``rlpulse.producers.pollers.nvml_reads``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable
 
+from rlpulse.producers.pollers.nvml_reads import ZERO, NvmlReader, Reading, figures, summarize
 from rlpulse.producers.sdk.sender import Outgoing, Sender
 from rlpulse.base.settings import Settings
+from rlpulse.schemas.gpu_health import xid_class, xid_description
 
 log = logging.getLogger(__name__)
 
@@ -37,47 +40,16 @@ class Placement:
     stage: str = ""
 
 
-@dataclass(frozen=True)
-class _Reading:
-    power_w: float
-    temperature_c: float
-    gpu_utilization: float
-    memory_activity: float
-    memory_used_bytes: int
-    memory_total_bytes: int
-    sm_clock_mhz: float
-    throttle_reasons: int
-
-
-_ZERO = _Reading(0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, 0)
-
-
 @dataclass
 class _Gpu:
     index: int
     handle: Any = None
     uuid: str | None = None  # None: unreadable -> placement without hw_id, no figures
-    pending: list[_Reading] = field(default_factory=list)  # samples since the previous export
-    last: _Reading | None = None  # kept across exports: an XID record reports it
+    pending: list[Reading] = field(default_factory=list)  # samples since the previous export
+    last: Reading | None = None  # kept across exports: an XID record reports it
+    exported: Reading | None = None  # the last reading of the previous export: NVLink counters' base
     xid_errors: int = 0
     xid_last: int | None = None
-
-
-def _summary(readings: list[_Reading]) -> _Reading:
-    """Seed 001: mean of power, utilization, memory activity and clock; OR of the masks; latest of the rest."""
-    n, mask = len(readings), 0
-    for r in readings:
-        mask |= r.throttle_reasons
-    return replace(readings[-1], power_w=sum(r.power_w for r in readings) / n,
-                   gpu_utilization=sum(r.gpu_utilization for r in readings) / n,
-                   memory_activity=sum(r.memory_activity for r in readings) / n,
-                   sm_clock_mhz=sum(r.sm_clock_mhz for r in readings) / n, throttle_reasons=mask)
-
-
-def _signed64(mask: int) -> int:
-    # Avro long is signed; keep every bit of a 64-bit NVML mask (two's complement).
-    mask &= 0xFFFF_FFFF_FFFF_FFFF
-    return mask - (1 << 64) if mask >= 1 << 63 else mask
 
 
 def _handle_key(handle: Any) -> Any:
@@ -111,11 +83,11 @@ class GpuPoller:
         self._clock, self.xid_wait_ms, self._unavailable_reason = clock, xid_wait_ms, unavailable_reason
         self._error: type[BaseException] = getattr(nvml, "NVMLError", Exception) if nvml is not None else Exception
         self._lock = threading.Lock()
-        self._logged: set[tuple[int, str]] = set()  # (index, figure): read errors already logged
+        self._reader = NvmlReader(nvml)
         self.gpus: list[_Gpu] = []
         self._by_handle: dict[Any, _Gpu] = {}
         self.available = False  # NVML initialised
-        self._opened = self._old_driver = False
+        self._opened = False
         self._xid_stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
 
@@ -158,6 +130,7 @@ class GpuPoller:
         self.stop()
         if self.available:
             self.available = False
+            self._reader.close()
             try:
                 self._nvml.nvmlShutdown()
             except Exception:  # shutting down anyway: nothing useful to do with it
@@ -171,7 +144,7 @@ class GpuPoller:
         """Read every readable GPU once; returns how many were sampled."""
         sampled = 0
         for gpu in self._readable():
-            reading = self._read(gpu)
+            reading = self._reader.read(gpu.index, gpu.uuid, gpu.handle)
             if reading is None:
                 continue
             with self._lock:
@@ -180,57 +153,6 @@ class GpuPoller:
             sampled += 1
         return sampled
 
-    def _read(self, gpu: _Gpu) -> _Reading | None:
-        nv, h = self._nvml, gpu.handle
-        reads: dict[str, Callable[[], Any]] = {
-            "power": lambda: nv.nvmlDeviceGetPowerUsage(h),
-            "temperature": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
-            "utilization": lambda: nv.nvmlDeviceGetUtilizationRates(h),
-            "memory": lambda: nv.nvmlDeviceGetMemoryInfo(h),
-            "sm_clock": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-            "throttle_reasons": lambda: self._throttle_reasons(h),
-        }
-        # Read every figure even after one fails, so each failing figure is named (once) in the log.
-        values: dict[str, Any] = {}
-        for figure, read in reads.items():
-            try:
-                values[figure] = read()
-            except self._error as exc:
-                if (gpu.index, figure) not in self._logged:
-                    self._logged.add((gpu.index, figure))
-                    log.warning(
-                        "GPU %d (%s): cannot read %s (%s); skipping its samples while this lasts",
-                        gpu.index,
-                        gpu.uuid,
-                        figure,
-                        exc,
-                    )
-        if len(values) < len(reads):
-            return None
-        util, mem = values["utilization"], values["memory"]
-        # NVML reports milliwatts and percent.
-        return _Reading(
-            values["power"] / 1000.0,
-            float(values["temperature"]),
-            util.gpu / 100.0,
-            util.memory / 100.0,
-            int(mem.used),
-            int(mem.total),
-            float(values["sm_clock"]),
-            int(values["throttle_reasons"]),
-        )
-
-    def _throttle_reasons(self, handle: Any) -> int:
-        nv = self._nvml
-        # The newer name; bindings or drivers older than it only have the deprecated one.
-        event_reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        if event_reasons is not None and not self._old_driver:
-            try:
-                return event_reasons(handle)
-            except getattr(nv, "NVMLError_FunctionNotFound", ()):
-                self._old_driver = True
-        return nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
-
     def export(self) -> list[dict[str, Any]]:
         """Publish one GpuSample per GPU sampled since the last export, and the placements."""
         now = self._clock()
@@ -238,8 +160,8 @@ class GpuPoller:
         with self._lock:
             for gpu in self._readable():
                 if gpu.pending:  # nothing sampled since the last export: no record
-                    records.append(self._gpu_sample(gpu, _summary(gpu.pending), now))
-                    gpu.pending = []
+                    records.append(self._gpu_sample(gpu, summarize(gpu.pending, gpu.exported), now))
+                    gpu.exported, gpu.pending = gpu.pending[-1], []
         for record in records:
             self._publish(Outgoing(self._topic, record["hw_id"], "GpuSample", record))
         for record in self._placements(now):
@@ -247,8 +169,8 @@ class GpuPoller:
             self._publish(Outgoing(self._topic, key, "Placement", record))
         return records
 
-    def _gpu_sample(self, gpu: _Gpu, r: _Reading, now: int) -> dict[str, Any]:
-        p, total = self.placement, r.memory_total_bytes
+    def _gpu_sample(self, gpu: _Gpu, r: Reading, now: int) -> dict[str, Any]:
+        p = self.placement
         return {
             "project": p.project if p else "",
             "run_id": p.run_id if p else "",
@@ -261,17 +183,10 @@ class GpuPoller:
             "pod": self.pod,
             "rank": p.rank if p else None,
             "role": p.role if p else None,
-            "power_w": r.power_w,
-            "temperature_c": r.temperature_c,
-            "gpu_utilization": r.gpu_utilization,
-            "memory_used_bytes": r.memory_used_bytes,
-            "memory_total_bytes": total,
-            "memory_utilization": r.memory_used_bytes / total if total > 0 else 0.0,
-            "memory_activity": r.memory_activity,
-            "sm_clock_mhz": r.sm_clock_mhz,
-            "throttle_reasons": _signed64(r.throttle_reasons),
+            **figures(r),
             "xid_errors": gpu.xid_errors,
             "xid_last": gpu.xid_last,
+            "xid_class": xid_class(gpu.xid_last),
         }
 
     def _placements(self, now: int) -> list[dict[str, Any]]:
@@ -363,8 +278,10 @@ class GpuPoller:
             gpu.xid_errors += 1
             gpu.xid_last = code
             # Published at once so the alert does not wait for the next export.
-            record = self._gpu_sample(gpu, gpu.last or _ZERO, self._clock())
-        log.warning("XID %d on GPU %s (index %d)", code, gpu.uuid, gpu.index)
+            record = self._gpu_sample(gpu, gpu.last or ZERO, self._clock())
+        # Seed 001: the job writes each XID and its GPU to its output.
+        log.warning("XID %d (%s%s) on GPU %s (index %d)", code, record["xid_class"],
+                    f": {xid_description(code)}" if xid_description(code) else "", gpu.uuid, gpu.index)
         self._publish(Outgoing(self._topic, record["hw_id"], "GpuSample", record))
 
     def _free(self, event_set: Any) -> None:

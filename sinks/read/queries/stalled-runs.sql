@@ -1,4 +1,7 @@
--- Runs stalled now: the latest stalled_run alert of each key (run_id/attempt) is FIRING.
+-- Runs stalled now: the latest stalled_run or first_step_stalled alert of each key
+-- (project/run_id/attempt) is FIRING (the summary says which: no step completed yet, or a step
+-- count that stopped rising). The two never overlap for a key: the first step resolves one before
+-- the other can fire.
 -- Params: none.
 -- Dedup: no FINAL. The latest record per (rule, key) is picked with argMax over time_ns (a
 -- replayed alert is an identical row, so duplicates pick the same values); when a FIRING and a
@@ -27,7 +30,7 @@ FROM
         argMax(threshold, (time_ns, state = 'RESOLVED')) AS threshold,
         argMax(summary, (time_ns, state = 'RESOLVED')) AS summary
     FROM {db}.alerts
-    WHERE rule = 'stalled_run'
+    WHERE rule IN ('stalled_run', 'first_step_stalled')
     GROUP BY key
 )
 WHERE latest_state = 'FIRING'

@@ -238,7 +238,7 @@ def test_every_figure_and_alert_equals_the_ground_truth(settings: Settings) -> N
         run_good(settings)
         asyncio.run(publish_gpu(settings))
         run_stalls(settings, stall_s=settings.stall_after + 2.0)
-        pipeline.wait_caught_up(until=figures_in(settings, alerts=12))
+        pipeline.wait_caught_up(until=figures_in(settings, alerts=14))
         pipeline.stop()
     figures = read_figures(settings)
     check_figures(figures)
@@ -246,11 +246,13 @@ def test_every_figure_and_alert_equals_the_ground_truth(settings: Settings) -> N
         ("clipped_ratio_rising", "st/good/1", "FIRING"),
         ("clipped_ratio_rising", "st/good/1", "RESOLVED"),
         ("grader_failure_rate", "st/stalls/1/judge", "FIRING"),
+        ("grader_failure_rate", "st/stalls/1/judge", "RESOLVED"),  # run ended
         ("hw_slowdown", "GPU-aaaa", "FIRING"),
         ("hw_slowdown", "GPU-aaaa", "RESOLVED"),
         ("reward_collapse", "st/good/1", "FIRING"),
         ("reward_collapse", "st/good/1", "RESOLVED"),
         ("reward_collapse", "st/stalls/1", "FIRING"),  # its judge always fails: every reward is 0
+        ("reward_collapse", "st/stalls/1", "RESOLVED"),  # run ended
         ("silent_run", "st/dies/1", "FIRING"),
         ("stalled_run", "st/stalls/1", "FIRING"),
         ("stalled_run", "st/stalls/1", "RESOLVED"),
@@ -297,7 +299,7 @@ def test_figures_and_alerts_survive_a_sigkill_of_the_streams_worker_mid_window(s
             asyncio.run(publish_gpu(settings))
 
         run_good(settings, midway=kill_and_restart)
-        pipeline.wait_caught_up(until=figures_in(settings, alerts=9), timeout=90)
+        pipeline.wait_caught_up(until=figures_in(settings, alerts=11), timeout=90)
         pipeline.stop()
         log = (pipeline.log_dir / "streams.log").read_text()
     if fault != "none":
@@ -308,11 +310,13 @@ def test_figures_and_alerts_survive_a_sigkill_of_the_streams_worker_mid_window(s
         ("clipped_ratio_rising", "st/good/1", "FIRING"),
         ("clipped_ratio_rising", "st/good/1", "RESOLVED"),
         ("grader_failure_rate", "st/stalls/1/judge", "FIRING"),
+        ("grader_failure_rate", "st/stalls/1/judge", "RESOLVED"),
         ("hw_slowdown", "GPU-aaaa", "FIRING"),
         ("hw_slowdown", "GPU-aaaa", "RESOLVED"),
         ("reward_collapse", "st/good/1", "FIRING"),
         ("reward_collapse", "st/good/1", "RESOLVED"),
         ("reward_collapse", "st/stalls/1", "FIRING"),
+        ("reward_collapse", "st/stalls/1", "RESOLVED"),
         ("xid", "GPU-aaaa", "FIRING"),
     ]
 

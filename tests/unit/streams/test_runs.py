@@ -204,11 +204,11 @@ def test_stall_fires_and_resolves_once_across_a_crash():
     for i in range(10):
         h.advance(3)
         h.feed("steps", [job.step(3 * i, "HEARTBEAT", count=0)])
-    assert h.alerts() == [("stalled_run", "p/r1/1", "FIRING")]
+    assert h.alerts() == [("first_step_stalled", "p/r1/1", "FIRING")]  # no step completed yet
     h.crash()
     h.advance(3)
     h.feed("steps", [job.step(40, "STEP", step=0, count=1)])
-    assert h.alerts() == [("stalled_run", "p/r1/1", "FIRING"), ("stalled_run", "p/r1/1", "RESOLVED")]
+    assert h.alerts() == [("first_step_stalled", "p/r1/1", "FIRING"), ("first_step_stalled", "p/r1/1", "RESOLVED")]
 
 
 def test_every_state_and_alert_key_includes_the_project():
@@ -219,7 +219,9 @@ def test_every_state_and_alert_key_includes_the_project():
         h.feed("steps", [job.step(2, "STEP", step=0, count=1), job.step(2.5, "RUN_END", count=1)])
     h.advance(10)
     assert sorted(h.table) == ["p/r1", "q/r1"]
-    assert sorted(a[1] for a in h.alerts()) == ["p/r1/1", "q/r1/1"]  # reward collapse, once per project
+    # reward collapse, once per project, resolved by each run's end
+    assert sorted(h.alerts()) == [(rule, f"{p}/r1/1", state) for p in "pq" for rule, state in
+                                  (("reward_collapse", "FIRING"), ("reward_collapse", "RESOLVED"))]
 
 
 @pytest.mark.parametrize("first", ["steps", "spans"])

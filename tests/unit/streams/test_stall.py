@@ -43,7 +43,8 @@ def test_heartbeat_after_stall_after_fires_without_waiting_for_the_timer():
     det.observe(ev("RUN_START", 0), now_ns=0)
     for t in range(15, 900, 15):
         assert det.observe(ev("HEARTBEAT", 0), now_ns=t * S) == []
-    assert summary(det.observe(ev("HEARTBEAT", 0), now_ns=900 * S)) == [("stalled_run", "FIRING", "p/r1/1")]
+    # no step completed yet: the first-step rule, under its own name
+    assert summary(det.observe(ev("HEARTBEAT", 0), now_ns=900 * S)) == [("first_step_stalled", "FIRING", "p/r1/1")]
 
 
 def test_stall_resolves_once_when_the_count_increases():
@@ -53,7 +54,7 @@ def test_stall_resolves_once_when_the_count_increases():
     [fired] = det.tick(900 * S)
     det.observe(ev("HEARTBEAT", 0), now_ns=905 * S)
     [resolved] = det.observe(ev("STEP", 1, step=0), now_ns=950 * S)
-    assert (resolved["rule"], resolved["state"], resolved["key"]) == ("stalled_run", "RESOLVED", "p/r1/1")
+    assert (resolved["rule"], resolved["state"], resolved["key"]) == ("first_step_stalled", "RESOLVED", "p/r1/1")
     assert resolved["first_seen_ns"] == fired["first_seen_ns"] == 900 * S
     assert resolved["last_seen_ns"] == resolved["time_ns"] == 950 * S
     assert resolved["value"] == 950.0 and "rose to 1" in resolved["summary"]
@@ -63,7 +64,7 @@ def test_stall_resolves_once_when_the_count_increases():
     # the next stall is measured from the last increase (960 s), as a new episode
     det.observe(ev("HEARTBEAT", 2), now_ns=1850 * S)
     [again] = det.tick(1860 * S)
-    assert again["state"] == "FIRING" and again["first_seen_ns"] == 1860 * S
+    assert (again["rule"], again["state"], again["first_seen_ns"]) == ("stalled_run", "FIRING", 1860 * S)
 
 
 def test_silent_fires_once_and_resolves_when_reports_resume():
@@ -83,7 +84,7 @@ def test_silent_fires_once_and_resolves_when_reports_resume():
 def test_going_silent_keeps_an_open_stall_and_silence_fires_no_new_stall():
     det, _, book_state = detector(stall_after=60, silent_after=300)
     det.observe(ev("RUN_START", 0), now_ns=0)
-    assert summary(det.observe(ev("HEARTBEAT", 0), now_ns=60 * S)) == [("stalled_run", "FIRING", "p/r1/1")]
+    assert summary(det.observe(ev("HEARTBEAT", 0), now_ns=60 * S)) == [("first_step_stalled", "FIRING", "p/r1/1")]
     assert summary(det.tick(360 * S)) == [("silent_run", "FIRING", "p/r1/1")]  # stalled not resolved
     assert len(book_state) == 2
     # a second run that goes silent before its stall is due never fires a stall
@@ -99,8 +100,8 @@ def test_run_end_resolves_open_alerts_and_stops_tracking():
     det.observe(ev("HEARTBEAT", 0), now_ns=60 * S)
     det.tick(400 * S)  # stalled and silent both firing
     ended = det.observe(ev("RUN_END", 0), now_ns=410 * S)
-    assert summary(ended) == [("stalled_run", "RESOLVED", "p/r1/1"), ("silent_run", "RESOLVED", "p/r1/1")]
-    assert all("ended" in a["summary"] for a in ended)
+    assert summary(ended) == [("first_step_stalled", "RESOLVED", "p/r1/1"), ("silent_run", "RESOLVED", "p/r1/1")]
+    assert [a["summary"] for a in ended] == ["run r1 attempt 1: run ended"] * 2
     assert state == {} and book_state == {}
     assert det.tick(5000 * S) == []
     assert det.observe(ev("RUN_END", 0), now_ns=5001 * S) == []  # a repeated end is harmless
@@ -201,5 +202,6 @@ def test_an_episode_fired_again_from_the_same_state_keeps_its_first_seen():
     for t in range(960, 1850, 15):
         assert restarted.observe(ev("HEARTBEAT", 0), now_ns=t * S) == []
     [again] = restarted.tick(1850 * S)  # stall_after from the restart
-    assert (again["rule"], again["state"]) == ("stalled_run", "FIRING")
+    assert (again["rule"], again["state"]) == ("first_step_stalled", "FIRING")
     assert again["first_seen_ns"] == stalled["first_seen_ns"] == 900 * S  # the last increase plus stall_after
+

@@ -91,3 +91,30 @@ def test_a_term_the_judge_never_scored_has_no_cost_figure() -> None:
     assert (judge["rollouts"], judge["failures"], judge["failure_cost"]) == (1, 1, None)
     [stats] = h.emissions("step-stats")
     assert stats["zero_std_fraction"] is None  # no sample groups: no fraction, not 0
+
+
+def grader(t_s: float, outcome: str, seq: int, step: int = 0) -> dict:
+    t = T0 + int(t_s * NS)
+    return {**IDENT, "time_ns": t, "kind": "GRADER", "term": "judge", "outcome": outcome, "step": step,
+            "rollout_id": f"x{seq}", "start_time_ns": t - NS, "end_time_ns": t, "sequence_id": seq}
+
+
+def test_grader_calls_held_until_their_step_completes_are_judged_in_the_newest_window() -> None:
+    """The SDK's grader_calls="step" sends a step's calls when the step completes, after their window
+    closed: the late update of the newest window still fires the failure-rate rule; one of an older
+    window, overtaken by a newer window's verdict, does not."""
+    from rlpulse.base.settings import AlertThresholds
+    config = RunConfig(window_s=10, lateness_s=2, idle_s=50, retention_s=300, stall_after_s=900, silent_after_s=300,
+                       thresholds=AlertThresholds(grader_failure_rate=0.5, grader_min_graded=1))
+    h = Harness(config)
+    h.feed("spans", [grader(1, "ok", 1), grader(2, "ok", 2)])  # window [0, 10): 2 ok calls
+    h.feed("spans", [grader(13, "ok", 3, step=1)])  # progress 13 >= 10 + 2: the first window closes, rate 0
+    assert h.alerts() == []
+    h.feed("spans", [grader(3, "timeout", 4), grader(4, "timeout", 5), grader(5, "timeout", 6)])  # held, late
+    assert h.alerts() == [("grader_failure_rate", "p/r1/1/judge", "FIRING")]  # 3 of 5 failed, judged again
+    h.feed("spans", [grader(25, "ok", 7, step=2)])  # the window [10, 20) closes: 1 ok of 1, resolves
+    assert h.alerts()[-1] == ("grader_failure_rate", "p/r1/1/judge", "RESOLVED")
+    h.feed("spans", [grader(6, "timeout", 8), grader(7, "timeout", 9)])  # late for the older window: not judged
+    assert [a[2] for a in h.alerts()] == ["FIRING", "RESOLVED"]
+    first = [w for w in h.emissions("grader-windows") if w["window_start_ns"] == T0][-1]
+    assert (first["graded"], first["failures"]) == (7, 5)  # its figures still count every call

@@ -223,7 +223,7 @@ def test_xids_counted_from_zero_and_published_at_once(caplog):
     assert (a1["xid_errors"], a1["xid_last"], a2["xid_errors"], a2["xid_last"]) == (1, 79, 2, 31)
     assert a2["power_w"] == 100.0 and a2["temperature_c"] == 70.0  # the latest figures it has
     assert [o.key for o in out] == ["GPU-b", "GPU-a", "GPU-a"]
-    assert "XID 79 on GPU GPU-a (index 0)" in caplog.text
+    assert "XID 79 (hardware: GPU has fallen off the bus (PCIe)) on GPU GPU-a (index 0)" in caplog.text
     codec = Codec()
     for rec in (b, a1, a2):
         codec.encode("GpuSample", [rec])
