@@ -183,7 +183,10 @@ def engine_sample(project: str, run_id: str, time_ns: int, rng: random.Random) -
             "kv_cache_usage": round(rng.random() * 0.9, 3), "preemptions_per_s": 0.0,
             "prompt_tokens_per_s": round(rng.uniform(1e3, 1e4), 1), "generation_tokens_per_s": round(rng.uniform(1e3, 1e4), 1),
             "ttft_count": rng.randrange(10, 100), "ttft_p50_s": 0.05, "ttft_p90_s": 0.12, "ttft_p99_s": 0.3, "awake": 1,
-            "counter_resets": 0}
+            "counter_resets": 0, "prefix_cache_queries": rng.randrange(1000, 10_000),
+            "prefix_cache_hit_rate": round(rng.random(), 3), "queue_time_count": rng.randrange(10, 100),
+            "queue_time_mean_s": 0.02, "queue_time_p50_s": 0.01, "queue_time_p90_s": 0.05, "itl_count": rng.randrange(1000, 5000),
+            "itl_mean_s": 0.015, "itl_p50_s": 0.012, "itl_p90_s": 0.03}
 
 
 def traced_spans(project: str, run_id: str, writer: Writer, rng: random.Random, step: int, rollout_id: str,

@@ -1,17 +1,28 @@
 """vLLM's Prometheus metrics into engine figures: what the engine poller reads of a scrape, and the
-figures of the interval between two scrapes (counters as rates, a histogram as percentiles).
+figures of the interval between two scrapes (counters as rates, histograms as percentiles and means).
 
 The text is parsed with ``prometheus_client``'s own parser. Only the sample names of ``ALLOWED``
 are kept (vLLM exports dozens of others, read and ignored); every value or label refused here is
 counted by reason (:class:`Parsed.refused`), so the poller can say what it did not publish.
 
-Names as vLLM declares them (its v1 metrics ``loggers`` module, ``PrometheusStatLogger``): the gauges
-``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (named
-``vllm:gpu_cache_usage_perc`` before vLLM 0.9, read when the new name is absent) and
+Names as vLLM declares them (its v1 metrics ``loggers`` module, ``PrometheusStatLogger``, read in
+vLLM 0.9.1, 0.9.2, 0.10.1.1, 0.10.2, 0.11.0, 0.11.1, 0.12.0, 0.13.0 and 0.33.0): the gauges
+``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` and
 ``vllm:engine_sleep_state{sleep_state="awake"}``; the counters ``vllm:num_preemptions``,
-``vllm:prompt_tokens`` and ``vllm:generation_tokens`` (``_total`` on the wire); the histogram
-``vllm:time_to_first_token_seconds``. Ray's cluster metrics spell them ``ray_vllm_...`` with ``_``
-for ``:`` (seed 001); those are read as the same names.
+``vllm:prompt_tokens``, ``vllm:generation_tokens``, ``vllm:prefix_cache_queries`` and
+``vllm:prefix_cache_hits`` (``_total`` on the wire; both in tokens); the histograms
+``vllm:time_to_first_token_seconds``, ``vllm:request_queue_time_seconds`` (observed as a request
+finishes) and ``vllm:inter_token_latency_seconds``. Older names, read where the new one is absent:
+
+* ``vllm:gpu_cache_usage_perc``: alone in 0.8.5-0.9.1, beside ``kv_cache_usage_perc`` in
+  0.9.2-0.10.2, gone by default from 0.11 (only ``kv_cache_usage_perc`` from 0.12);
+* ``vllm:gpu_prefix_cache_queries`` / ``_hits``: alone in 0.9.1, beside the new names in
+  0.9.2-0.10.2, hidden by default from 0.11;
+* ``vllm:time_per_output_token_seconds``: alone up to 0.10.1.1, beside ``inter_token_latency_seconds``
+  (the same observations) in 0.10.2-0.11.x, hidden by default in 0.12 and 0.13, gone by 0.33.
+
+``vllm:engine_sleep_state`` first appears in 0.11.1. Ray's cluster metrics spell every name
+``ray_vllm_...`` with ``_`` for ``:`` (seed 001); those are read as the same names.
 """
 
 from __future__ import annotations
@@ -25,12 +36,23 @@ KV_USAGE, KV_USAGE_OLD = "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"
 SLEEP_STATE = "vllm:engine_sleep_state"
 PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS = ("vllm:num_preemptions_total", "vllm:prompt_tokens_total",
                                                  "vllm:generation_tokens_total")
-TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
+PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
+PREFIX_QUERIES_OLD, PREFIX_HITS_OLD = "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"
+# Histograms by base name; a sample is <base>_bucket, <base>_sum or <base>_count.
+TTFT, QUEUE_TIME = "vllm:time_to_first_token_seconds", "vllm:request_queue_time_seconds"
+ITL, ITL_OLD = "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
+TTFT_BUCKET = TTFT + "_bucket"
 GAUGES = (RUNNING, WAITING, KV_USAGE, KV_USAGE_OLD)
-COUNTERS = (PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS)
-ALLOWED = frozenset((*GAUGES, SLEEP_STATE, *COUNTERS, TTFT_BUCKET))
+COUNTERS = (PREEMPTIONS, PROMPT_TOKENS, GENERATION_TOKENS)  # published as rates
+PREFIX_COUNTERS = (PREFIX_QUERIES, PREFIX_HITS, PREFIX_QUERIES_OLD, PREFIX_HITS_OLD)  # published as a hit rate
+MEAN_HISTOGRAMS = (QUEUE_TIME, ITL, ITL_OLD)  # their _sum and _count are read too, for the mean
+_HISTOGRAM_PARTS = {TTFT_BUCKET: (TTFT, "bucket")} | {
+    f"{base}_{part}": (base, part) for base in MEAN_HISTOGRAMS for part in ("bucket", "sum", "count")}
+ALLOWED = frozenset((*GAUGES, SLEEP_STATE, *COUNTERS, *PREFIX_COUNTERS, *_HISTOGRAM_PARTS))
 RAY_PREFIX = "ray_vllm_"
 MAX_LABEL = 256  # characters of a label value we keep (engine, model_name, le)
+# Allowed series a scrape: about 105 per engine where a version exports old and new names (0.10.2), for 64 engines
+MAX_SERIES = 8192
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -43,8 +65,13 @@ class Reading:
     model_name: str = ""
     gauges: dict[str, float] = field(default_factory=dict)
     awake: float | None = None
-    counters: dict[str, float] = field(default_factory=dict)
-    ttft: dict[float, float] = field(default_factory=dict)  # bucket upper bound (le) -> cumulative count
+    counters: dict[str, float] = field(default_factory=dict)  # COUNTERS and PREFIX_COUNTERS
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # histogram -> bucket bound (le) -> cumulative count
+    totals: dict[str, dict[str, float]] = field(default_factory=dict)  # histogram -> {"sum": ..., "count": ...}
+
+    @property
+    def ttft(self) -> dict[float, float]:
+        return self.buckets.get(TTFT, {})
 
 
 @dataclass
@@ -59,7 +86,7 @@ def vllm_name(name: str) -> str:
     return "vllm:" + name[len(RAY_PREFIX):] if name.startswith(RAY_PREFIX) else name
 
 
-def parse(text: str, max_engines: int = 64, max_series: int = 4096) -> Parsed:
+def parse(text: str, max_engines: int = 64, max_series: int = MAX_SERIES) -> Parsed:
     """The allowed samples of a Prometheus text exposition, per engine. Never raises on its input:
     text the parser rejects is one refusal (``unparseable``) and nothing else is kept from it."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -95,8 +122,9 @@ def _take(engines: dict[str, Reading], out: Parsed, name: str, labels: dict[str,
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         out.refused["not a finite value >= 0"] += 1
         return
+    histogram, part = _HISTOGRAM_PARTS.get(name, ("", ""))
     le = math.nan
-    if name == TTFT_BUCKET:
+    if part == "bucket":
         try:
             le = float(labels.get("le", ""))  # "+Inf" reads as inf
         except ValueError:
@@ -113,9 +141,13 @@ def _take(engines: dict[str, Reading], out: Parsed, name: str, labels: dict[str,
     if name == SLEEP_STATE:
         if labels.get("sleep_state") == "awake":
             reading.awake = value if reading.awake is None else max(reading.awake, value)
-    elif name == TTFT_BUCKET:
-        reading.ttft[le] = reading.ttft.get(le, 0.0) + value
-    elif name in COUNTERS:
+    elif part == "bucket":
+        buckets = reading.buckets.setdefault(histogram, {})
+        buckets[le] = buckets.get(le, 0.0) + value
+    elif part:
+        totals = reading.totals.setdefault(histogram, {})
+        totals[part] = totals.get(part, 0.0) + value
+    elif name in COUNTERS or name in PREFIX_COUNTERS:
         reading.counters[name] = reading.counters.get(name, 0.0) + value
     elif name in (KV_USAGE, KV_USAGE_OLD):
         reading.gauges[name] = max(reading.gauges.get(name, value), value)
@@ -148,45 +180,105 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
 
 
 @dataclass(frozen=True)
+class Distribution:
+    """One histogram over an interval: what was observed between the two scrapes."""
+
+    count: int | None  # observations in the interval; None without a previous scrape or a +Inf bucket
+    quantiles: tuple[float | None, ...]  # QUANTILES, as histogram_quantile over the bucket increases
+    mean: float | None = None  # increase of _sum / increase of _count; None without observations
+
+
+NO_DISTRIBUTION = Distribution(None, (None,) * len(QUANTILES))
+
+
+@dataclass(frozen=True)
 class Interval:
     """What happened between two scrapes of one engine."""
 
     rates: dict[str, float | None]  # counter name -> per second; None without a previous scrape
-    ttft_count: int | None
-    ttft: tuple[float | None, ...]  # QUANTILES, seconds
-    resets: int  # counters or the histogram that went down: the engine restarted between the scrapes
+    histograms: dict[str, Distribution]  # TTFT, QUEUE_TIME and ITL (ITL_OLD's figures where ITL is absent)
+    resets: int  # counters or histograms that went down: the engine restarted between the scrapes
+    prefix_cache_queries: int | None = None  # tokens looked up in the prefix cache in the interval
+    prefix_cache_hit_rate: float | None = None  # hits / queries in the interval; None when nothing was looked up
+
+    @property
+    def ttft_count(self) -> int | None:
+        return self.histograms[TTFT].count
+
+    @property
+    def ttft(self) -> tuple[float | None, ...]:
+        return self.histograms[TTFT].quantiles
+
+
+def _increase(prev: Reading, cur: Reading, name: str) -> tuple[float | None, bool]:
+    """A counter's increase between two readings and whether it was reset (went down): then, as
+    Prometheus's ``rate`` takes it, the increase is the new value, counted from zero."""
+    now, before = cur.counters.get(name), prev.counters.get(name)
+    if now is None or before is None:
+        return None, False
+    return (now, True) if now < before else (now - before, False)
 
 
 def interval(prev: Reading | None, cur: Reading, dt_s: float | None) -> Interval:
-    """Counters as rates and the TTFT histogram as percentiles over ``dt_s`` seconds since ``prev``.
+    """Counters as rates, the prefix cache's hits over its queries, and each histogram as percentiles
+    (and a mean, where its ``_sum`` and ``_count`` are read) over ``dt_s`` seconds since ``prev``.
 
-    A counter below its previous value was reset (the engine restarted), as Prometheus's ``rate``
-    takes it: the increase is the new value, counted from zero. The same for the histogram when a
-    bucket went down or its bounds changed."""
+    A counter below its previous value was reset (the engine restarted): its increase is the new
+    value. The same for a histogram when a bucket, its sum or its count went down or its bounds
+    changed. An older name (``ITL_OLD``, the ``gpu_`` prefix-cache counters) is read only where the
+    current one is absent from this scrape."""
+    none = {name: NO_DISTRIBUTION for name in (TTFT, QUEUE_TIME, ITL)}
+    if prev is None or dt_s is None or dt_s <= 0:
+        return Interval(dict.fromkeys(COUNTERS), none, 0)
     resets = 0
     rates: dict[str, float | None] = {}
-    have_prev = prev is not None and dt_s is not None and dt_s > 0
     for name in COUNTERS:
-        now = cur.counters.get(name)
-        before = prev.counters.get(name) if prev is not None else None
-        if now is None or before is None or not have_prev:
-            rates[name] = None
-            continue
-        increase = now - before
-        if increase < 0:
-            resets += 1
-            increase = now
-        rates[name] = increase / dt_s  # type: ignore[operator]  # have_prev: dt_s > 0
-    if not have_prev or prev is None or not cur.ttft or not prev.ttft:
-        return Interval(rates, None, (None,) * len(QUANTILES), resets)
-    bounds = sorted(cur.ttft)
-    deltas = [cur.ttft[b] - prev.ttft.get(b, math.nan) for b in bounds]
-    if set(bounds) != set(prev.ttft) or any(not d >= 0 for d in deltas):
-        resets += 1
-        deltas = [cur.ttft[b] for b in bounds]
-    cumulative, running = [], 0.0
-    for bound, delta in zip(bounds, deltas):
-        running = max(running, delta)  # a scrape is not atomic: keep the counts monotonic, as Prometheus does
-        cumulative.append((bound, running))
-    count = int(round(cumulative[-1][1])) if math.isinf(bounds[-1]) else None
-    return Interval(rates, count, tuple(quantile(q, cumulative) for q in QUANTILES), resets)
+        increase, reset = _increase(prev, cur, name)
+        resets += reset
+        rates[name] = None if increase is None else increase / dt_s
+    queries_name, hits_name = ((PREFIX_QUERIES, PREFIX_HITS) if PREFIX_QUERIES in cur.counters
+                               else (PREFIX_QUERIES_OLD, PREFIX_HITS_OLD))
+    (queries, reset_q), (hits, reset_h) = _increase(prev, cur, queries_name), _increase(prev, cur, hits_name)
+    resets += reset_q + reset_h
+    if reset_q != reset_h and queries is not None and hits is not None:  # one went down: the engine restarted
+        queries, hits = cur.counters[queries_name], cur.counters[hits_name]
+    hit_rate = hits / queries if queries and hits is not None else None
+    histograms = dict(none)
+    for name, source in ((TTFT, TTFT), (QUEUE_TIME, QUEUE_TIME),
+                         (ITL, ITL if ITL in cur.buckets or ITL in cur.totals else ITL_OLD)):
+        histograms[name], reset = _distribution(prev, cur, source)
+        resets += reset
+    return Interval(rates, histograms, resets, None if queries is None else int(round(queries)), hit_rate)
+
+
+def _distribution(prev: Reading, cur: Reading, name: str) -> tuple[Distribution, bool]:
+    """Histogram ``name`` over the interval, and whether it was reset."""
+    now, before = cur.buckets.get(name, {}), prev.buckets.get(name, {})
+    now_totals, before_totals = cur.totals.get(name, {}), prev.totals.get(name, {})
+    bounds = sorted(now)
+    deltas = [now[b] - before.get(b, math.nan) for b in bounds]
+    total_deltas = {part: now_totals[part] - before_totals[part] for part in ("sum", "count")
+                    if part in now_totals and part in before_totals}
+    if not (now and before) and len(total_deltas) < 2:
+        return NO_DISTRIBUTION, False  # not exported, or not in both scrapes
+    reset = bool(now and before) and (set(bounds) != set(before) or any(not d >= 0 for d in deltas))
+    reset = reset or any(d < 0 for d in total_deltas.values())
+    if reset:
+        deltas = [now[b] for b in bounds]
+        total_deltas = {part: now_totals[part] for part in total_deltas}
+    count: int | None = None
+    quantiles: tuple[float | None, ...] = (None,) * len(QUANTILES)
+    if now and before:
+        cumulative, running = [], 0.0
+        for bound, delta in zip(bounds, deltas):
+            running = max(running, delta)  # a scrape is not atomic: keep the counts monotonic, as Prometheus does
+            cumulative.append((bound, running))
+        count = int(round(cumulative[-1][1])) if math.isinf(bounds[-1]) else None
+        quantiles = tuple(quantile(q, cumulative) for q in QUANTILES)
+    mean: float | None = None
+    if len(total_deltas) == 2:
+        if count is None:
+            count = int(round(total_deltas["count"]))
+        if total_deltas["count"] > 0:
+            mean = total_deltas["sum"] / total_deltas["count"]
+    return Distribution(count, quantiles, mean), reset

@@ -2,8 +2,9 @@
 
 Seed 001, "Rollout engine": each rollout server exports vLLM's own metrics; the poller scrapes
 them at an interval for one run (its project, run id and attempt, and the rollout server's pod) and
-publishes one record per engine and scrape: gauges as read, counters as rates and the TTFT
-histogram as percentiles over the interval (``rlpulse.producers.pollers.engine_metrics``). A sleep shorter
+publishes one record per engine and scrape: gauges as read, counters as rates, the prefix cache's
+hit rate, and the TTFT, queue-time and inter-token-latency histograms as percentiles (and means) over
+the interval (``rlpulse.producers.pollers.engine_metrics``). A sleep shorter
 than the interval does not show, as the seed says of a step shorter than the scrape interval.
 
 Every scraped byte is someone else's: a response is read up to a size cap within a total time
@@ -29,8 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable
 
-from rlpulse.producers.pollers.engine_metrics import (GENERATION_TOKENS, KV_USAGE, KV_USAGE_OLD, PREEMPTIONS, PROMPT_TOKENS,
-                                              RUNNING, WAITING, Reading, interval, parse)
+from rlpulse.producers.pollers.engine_metrics import (GENERATION_TOKENS, ITL, KV_USAGE, KV_USAGE_OLD, PREEMPTIONS,
+                                                      MAX_SERIES, PROMPT_TOKENS, QUEUE_TIME, RUNNING, TTFT, WAITING, Reading,
+                                                      interval, parse)
 from rlpulse.producers.sdk.sender import Outgoing, Sender
 from rlpulse.schemas.catalogue import engine_key
 from rlpulse.base.settings import Settings
@@ -131,7 +133,7 @@ class EnginePoller:
 
     def __init__(self, urls: list[str], publish: Callable[[Outgoing], object], settings: Settings, *,
                  run: EngineRun | None = None, timeout_s: float = TIMEOUT_S, max_bytes: int = MAX_BYTES,
-                 max_engines: int = 64, max_series: int = 4096, fetcher: Callable[[str, float, int], bytes] = fetch,
+                 max_engines: int = 64, max_series: int = MAX_SERIES, fetcher: Callable[[str, float, int], bytes] = fetch,
                  clock: Callable[[], int] = time.time_ns, monotonic: Callable[[], float] = time.monotonic):
         if not urls:
             raise ValueError("give at least one --metrics-url")
@@ -200,8 +202,9 @@ class EnginePoller:
         self._previous[(url, cur.engine)] = (cur, started)
         dt = started - prev[1] if prev is not None else None
         figures = interval(prev[0] if prev is not None else None, cur, dt)
-        kv = cur.gauges.get(KV_USAGE, cur.gauges.get(KV_USAGE_OLD))
-        p50, p90, p99 = figures.ttft  # QUANTILES
+        kv = cur.gauges.get(KV_USAGE, cur.gauges.get(KV_USAGE_OLD))  # the new name where both are (0.9.2-0.10.2)
+        ttft, queue, itl = figures.histograms[TTFT], figures.histograms[QUEUE_TIME], figures.histograms[ITL]
+        p50, p90, p99 = ttft.quantiles  # QUANTILES: 0.5, 0.9, 0.99
         run = self.run
         return {
             "project": run.project, "run_id": run.run_id, "attempt": run.attempt, "pod": run.pod, "url": url,
@@ -209,9 +212,13 @@ class EnginePoller:
             "interval_s": dt if dt is not None and dt > 0 else None,
             "requests_running": cur.gauges.get(RUNNING), "requests_waiting": cur.gauges.get(WAITING), "kv_cache_usage": kv,
             "preemptions_per_s": figures.rates[PREEMPTIONS], "prompt_tokens_per_s": figures.rates[PROMPT_TOKENS],
-            "generation_tokens_per_s": figures.rates[GENERATION_TOKENS], "ttft_count": figures.ttft_count,
+            "generation_tokens_per_s": figures.rates[GENERATION_TOKENS], "ttft_count": ttft.count,
             "ttft_p50_s": p50, "ttft_p90_s": p90, "ttft_p99_s": p99,
             "awake": None if cur.awake is None else int(cur.awake >= 0.5), "counter_resets": figures.resets,
+            "prefix_cache_queries": figures.prefix_cache_queries, "prefix_cache_hit_rate": figures.prefix_cache_hit_rate,
+            "queue_time_count": queue.count, "queue_time_mean_s": queue.mean,
+            "queue_time_p50_s": queue.quantiles[0], "queue_time_p90_s": queue.quantiles[1],
+            "itl_count": itl.count, "itl_mean_s": itl.mean, "itl_p50_s": itl.quantiles[0], "itl_p90_s": itl.quantiles[1],
         }
 
     def run_loop(self, stop: threading.Event, interval_s: float) -> None:

@@ -3,8 +3,9 @@ the hardware topic, through the same Sender and record types as ``rlpulse engine
 :class:`rlpulse.producers.pollers.capacity.CapacityReporter`.
 
 * :func:`simulate_engine`: one vLLM engine of a run, ``samples`` scrapes ``interval_s`` apart in
-  event time from ``start_ns``: a saturation episode (requests waiting, KV cache at 0.97) and a
-  sleep/wake cycle (awake 1 -> 0 -> 1, as while the actor updates), tokens flowing while awake.
+  event time from ``start_ns``: a saturation episode (requests waiting, KV cache at 0.97, requests
+  queueing for seconds, a lower prefix-cache hit rate, slower tokens) and a sleep/wake cycle
+  (awake 1 -> 0 -> 1, as while the actor updates), tokens flowing while awake.
   With the defaults the episode lasts 135 s of event time, longer than the default
   ``RLPULSE_ALERT_ENGINE_SATURATED_AFTER`` (120 s): ``engine_saturated`` fires and resolves once.
 * :func:`simulate_engine_during`: the same samples spread over a run's life, so each of its steps
@@ -55,6 +56,17 @@ def engine_records(project: str, run_id: str, attempt: int = 1, *, start_ns: int
             "ttft_p99_s": None if not i or sleeping else (4.5 if full else 0.6),
             "awake": 0 if sleeping else 1,
             "counter_resets": 0,
+            # GRPO's group of completions shares one prompt: most prompt tokens are found in the prefix cache
+            "prefix_cache_queries": None if not i else (0 if sleeping else 12000),
+            "prefix_cache_hit_rate": None if not i or sleeping else (0.6 if full else 0.85),
+            "queue_time_count": None if not i else (0 if sleeping else 8),
+            "queue_time_mean_s": None if not i or sleeping else (3.2 if full else 0.05),
+            "queue_time_p50_s": None if not i or sleeping else (2.4 if full else 0.04),
+            "queue_time_p90_s": None if not i or sleeping else (7.0 if full else 0.12),
+            "itl_count": None if not i else (0 if sleeping else 9000),
+            "itl_mean_s": None if not i or sleeping else (0.045 if full else 0.022),
+            "itl_p50_s": None if not i or sleeping else (0.04 if full else 0.02),
+            "itl_p90_s": None if not i or sleeping else (0.09 if full else 0.035),
         })
     return out
 

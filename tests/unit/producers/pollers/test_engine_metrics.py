@@ -1,5 +1,7 @@
 """vLLM's metrics into engine figures (producers/pollers/engine_metrics.py): the allowlist, counters as rates
-with resets, TTFT percentiles as Prometheus's histogram_quantile computes them, and what is refused."""
+with resets, TTFT percentiles as Prometheus's histogram_quantile computes them, the prefix cache's hit rate,
+queue-time and inter-token-latency means and percentiles (older vLLM names where the new ones are absent), and
+what is refused."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ import math
 
 import pytest
 
-from rlpulse.producers.pollers.engine_metrics import (GENERATION_TOKENS, PREEMPTIONS, PROMPT_TOKENS, Reading, interval, parse,
-                                              quantile, vllm_name)
+from rlpulse.producers.pollers.engine_metrics import (GENERATION_TOKENS, ITL, ITL_OLD, PREEMPTIONS, PREFIX_HITS,
+                                                      PREFIX_HITS_OLD, PREFIX_QUERIES, PREFIX_QUERIES_OLD, PROMPT_TOKENS,
+                                                      QUEUE_TIME, TTFT, Reading, interval, parse, quantile, vllm_name)
 
 INF = math.inf
 TEXT = """\
@@ -91,7 +94,7 @@ def test_quantiles_interpolate_as_histogram_quantile() -> None:
 
 
 def reading(prompt: float, gen: float, preempt: float, ttft: dict[float, float]) -> Reading:
-    return Reading("0", counters={PROMPT_TOKENS: prompt, GENERATION_TOKENS: gen, PREEMPTIONS: preempt}, ttft=ttft)
+    return Reading("0", counters={PROMPT_TOKENS: prompt, GENERATION_TOKENS: gen, PREEMPTIONS: preempt}, buckets={TTFT: ttft})
 
 
 def test_counters_become_rates_and_buckets_percentiles_of_the_interval() -> None:
@@ -123,3 +126,89 @@ def test_a_counter_missing_from_either_scrape_has_no_rate() -> None:
     got = interval(before, after, 1.0)
     assert got.rates == {PREEMPTIONS: None, PROMPT_TOKENS: 10.0, GENERATION_TOKENS: None}
     assert interval(before, after, 0.0).rates[PROMPT_TOKENS] is None  # no time passed: no rate
+
+
+def test_the_prefix_cache_hit_rate_is_hits_over_queries_in_the_interval() -> None:
+    before = Reading("0", counters={PREFIX_QUERIES: 10_000, PREFIX_HITS: 6_000})
+    after = Reading("0", counters={PREFIX_QUERIES: 10_800, PREFIX_HITS: 6_600})  # 800 tokens looked up, 600 found
+    got = interval(before, after, 5.0)
+    assert (got.prefix_cache_queries, got.prefix_cache_hit_rate, got.resets) == (800, 0.75, 0)
+    quiet = interval(after, after, 5.0)  # nothing looked up: no rate, not 0
+    assert (quiet.prefix_cache_queries, quiet.prefix_cache_hit_rate) == (0, None)
+    assert interval(None, after, None).prefix_cache_hit_rate is None  # the first scrape has no interval
+    restarted = interval(after, Reading("0", counters={PREFIX_QUERIES: 400, PREFIX_HITS: 100}), 5.0)
+    assert (restarted.prefix_cache_queries, restarted.prefix_cache_hit_rate, restarted.resets) == (400, 0.25, 2)
+    assert interval(Reading("0"), after, 5.0).prefix_cache_hit_rate is None  # not in the previous scrape
+
+
+def test_vllm_0_9_1s_gpu_prefix_cache_names_are_read_only_where_the_new_ones_are_absent() -> None:
+    old = interval(Reading("0", counters={PREFIX_QUERIES_OLD: 100, PREFIX_HITS_OLD: 10}),
+                   Reading("0", counters={PREFIX_QUERIES_OLD: 300, PREFIX_HITS_OLD: 60}), 1.0)
+    assert (old.prefix_cache_queries, old.prefix_cache_hit_rate) == (200, 0.25)
+    both = {PREFIX_QUERIES: 100, PREFIX_HITS: 50, PREFIX_QUERIES_OLD: 999, PREFIX_HITS_OLD: 0}  # 0.9.2-0.10.2 export both
+    got = interval(Reading("0", counters=both), Reading("0", counters={**both, PREFIX_QUERIES: 200, PREFIX_HITS: 140}), 1.0)
+    assert (got.prefix_cache_queries, got.prefix_cache_hit_rate) == (100, 0.9)
+
+
+def histogram(buckets: dict[float, float], total: float) -> tuple[dict[float, float], dict[str, float]]:
+    return buckets, {"sum": total, "count": buckets[INF]}
+
+
+def test_queue_time_and_inter_token_latency_give_a_mean_and_percentiles_of_the_interval() -> None:
+    q0, qt0 = histogram({1.0: 4, 5.0: 6, INF: 6}, 7.0)
+    q1, qt1 = histogram({1.0: 4, 5.0: 10, INF: 10}, 19.0)  # 4 requests waited 12 s in all, each in (1, 5]
+    i0, it0 = histogram({0.05: 100, 0.1: 100, INF: 100}, 3.0)
+    i1, it1 = histogram({0.05: 140, 0.1: 200, INF: 200}, 8.0)  # 100 gaps, 5 s in all: 40 <= 0.05 s, 60 in (0.05, 0.1]
+    before = Reading("0", buckets={QUEUE_TIME: q0, ITL: i0}, totals={QUEUE_TIME: qt0, ITL: it0})
+    after = Reading("0", buckets={QUEUE_TIME: q1, ITL: i1}, totals={QUEUE_TIME: qt1, ITL: it1})
+    got = interval(before, after, 5.0)
+    queue, itl = got.histograms[QUEUE_TIME], got.histograms[ITL]
+    assert (queue.count, queue.mean) == (4, 3.0)
+    assert queue.quantiles[:2] == pytest.approx((1.0 + 4.0 * 2 / 4, 1.0 + 4.0 * 3.6 / 4))  # ranks 2 and 3.6 in (1, 5]
+    assert (itl.count, itl.mean) == (100, 0.05)
+    assert itl.quantiles[:2] == pytest.approx((0.05 + 0.05 * 10 / 60, 0.05 + 0.05 * 50 / 60))  # ranks 50 and 90
+    assert got.resets == 0 and got.histograms[TTFT].count is None  # TTFT not exported here: null
+    assert interval(after, after, 5.0).histograms[QUEUE_TIME].mean is None  # nothing observed: no mean
+
+
+def test_time_per_output_token_is_the_inter_token_latency_of_vllm_before_0_10_2() -> None:
+    i0, it0 = histogram({0.05: 10, INF: 10}, 0.2)
+    i1, it1 = histogram({0.05: 30, INF: 30}, 0.8)
+    old = interval(Reading("0", buckets={ITL_OLD: i0}, totals={ITL_OLD: it0}),
+                   Reading("0", buckets={ITL_OLD: i1}, totals={ITL_OLD: it1}), 1.0)
+    assert (old.histograms[ITL].count, old.histograms[ITL].mean) == (20, pytest.approx(0.03))
+    # 0.10.2-0.11 export both with the same observations; a differing old one shows which is read
+    both = interval(Reading("0", buckets={ITL: i0, ITL_OLD: i0}, totals={ITL: it0, ITL_OLD: it0}),
+                    Reading("0", buckets={ITL: i1, ITL_OLD: i0}, totals={ITL: it1, ITL_OLD: it0}), 1.0)
+    assert both.histograms[ITL].count == 20
+
+
+def test_a_histogram_whose_sum_or_count_went_down_was_reset() -> None:
+    q0, qt0 = histogram({1.0: 50, INF: 60}, 90.0)
+    restarted = interval(Reading("0", buckets={QUEUE_TIME: q0}, totals={QUEUE_TIME: qt0}),
+                         Reading("0", buckets={QUEUE_TIME: {1.0: 2, INF: 3}}, totals={QUEUE_TIME: {"sum": 2.4, "count": 3}}),
+                         1.0)
+    assert restarted.resets == 1 and restarted.histograms[QUEUE_TIME].count == 3
+    assert restarted.histograms[QUEUE_TIME].mean == pytest.approx(0.8)
+    # only _sum and _count (no buckets): a mean, no percentiles
+    totals_only = interval(Reading("0", totals={QUEUE_TIME: {"sum": 1.0, "count": 1}}),
+                           Reading("0", totals={QUEUE_TIME: {"sum": 4.0, "count": 3}}), 1.0).histograms[QUEUE_TIME]
+    assert (totals_only.count, totals_only.mean, totals_only.quantiles) == (2, 1.5, (None, None, None))
+
+
+def test_parse_reads_the_new_figures_and_rays_names_for_them() -> None:
+    parsed = parse(
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 800\n'
+        'ray_vllm_prefix_cache_hits_total{engine="0"} 600\n'
+        'vllm:request_queue_time_seconds_bucket{engine="0",le="1.0"} 3\n'
+        'vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf"} 4\n'
+        'vllm:request_queue_time_seconds_sum{engine="0"} 2.5\n'
+        'vllm:request_queue_time_seconds_count{engine="0"} 4\n'
+        'ray_vllm_time_per_output_token_seconds_count{engine="0"} 9\n'
+        'vllm:time_to_first_token_seconds_sum{engine="0"} 1.0\n'
+        'vllm:request_time_per_output_token_seconds_count{engine="0"} 2\n')
+    e0 = parsed.engines["0"]
+    assert e0.counters == {PREFIX_QUERIES: 800.0, PREFIX_HITS: 600.0}
+    assert e0.buckets == {QUEUE_TIME: {1.0: 3.0, INF: 4.0}}
+    assert e0.totals == {QUEUE_TIME: {"sum": 2.5, "count": 4.0}, ITL_OLD: {"count": 9.0}}
+    assert parsed.ignored == 2  # TTFT's sum (its mean is not a figure) and the per-request TPOT

@@ -17,7 +17,7 @@ from rlpulse.schemas.codec import Codec
 from rlpulse.base.settings import Settings
 
 pytest.importorskip("prometheus_client")
-from tests.vllm_exporter import VllmExporter  # noqa: E402 - needs prometheus_client
+from tests.vllm_exporter import ITL_BUCKETS, LATENCY_BUCKETS, VllmExporter, histogram_quantile  # noqa: E402
 
 SETTINGS = Settings(topic_prefix="t")
 RUN = EngineRun(run_id="r1", attempt=2, project="p", pod="rollout-0")
@@ -101,6 +101,41 @@ def test_a_restarted_server_counts_from_zero_and_the_rates_stay_true() -> None:
         [after] = p.scrape()
     assert (after["prompt_tokens_per_s"], after["generation_tokens_per_s"], after["preemptions_per_s"]) == (150.0, 100.0, 0.5)
     assert after["counter_resets"] == 4 and after["ttft_count"] == 2
+
+
+QUEUED = (0.2, 0.4, 1.2, 3.0, 9.0)  # five requests finished: the seconds each waited before it ran
+GAPS = (0.02,) * 30 + (0.06,) * 9 + (0.3,)  # forty gaps between tokens
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.9.1"])
+def test_prefix_cache_queue_time_and_inter_token_latency_of_a_real_exporter(version: str) -> None:
+    """vLLM 0.33's names, and 0.9.1's (gpu_cache_usage_perc, gpu_prefix_cache_*, time_per_output_token_seconds):
+    the same figures, equal to what the observations give."""
+    with VllmExporter(version=version) as vllm:
+        p, _, clock = poller([vllm.url])
+        vllm.set(kv=0.6)
+        vllm.serve(prefix_queries=5000, prefix_hits=1000, queued=(50.0,), itl=(1.0,))  # before the first scrape
+        [first] = p.scrape()
+        assert first["kv_cache_usage"] == 0.6 and first["prefix_cache_hit_rate"] is None and first["itl_count"] is None
+        clock.s = 5.0
+        vllm.serve(prefix_queries=2048, prefix_hits=1536, queued=QUEUED, itl=GAPS)
+        [got] = p.scrape()
+        clock.s = 10.0
+        [idle] = p.scrape()
+    assert (got["prefix_cache_queries"], got["prefix_cache_hit_rate"]) == (2048, 1536 / 2048)
+    assert (got["queue_time_count"], got["itl_count"]) == (len(QUEUED), len(GAPS))
+    assert got["queue_time_mean_s"] == pytest.approx(sum(QUEUED) / len(QUEUED))
+    assert got["itl_mean_s"] == pytest.approx(sum(GAPS) / len(GAPS))
+    assert (got["queue_time_p50_s"], got["queue_time_p90_s"]) == pytest.approx(
+        tuple(histogram_quantile(q, list(QUEUED), LATENCY_BUCKETS) for q in (0.5, 0.9)))
+    assert (got["itl_p50_s"], got["itl_p90_s"]) == pytest.approx(
+        tuple(histogram_quantile(q, list(GAPS), ITL_BUCKETS) for q in (0.5, 0.9)))
+    assert got["kv_cache_usage"] == 0.6 and got["awake"] == (1 if version == "0.33.0" else None)
+    # nothing served since: counts 0, and no rate or mean of nothing
+    assert (idle["prefix_cache_queries"], idle["prefix_cache_hit_rate"], idle["queue_time_count"], idle["queue_time_mean_s"],
+            idle["itl_count"], idle["itl_mean_s"], idle["itl_p50_s"]) == (0, None, 0, None, 0, None, None)
+    Codec().encode("EngineSample", [first, got, idle])
+    assert not p.refused
 
 
 class Hostile(http.server.BaseHTTPRequestHandler):
