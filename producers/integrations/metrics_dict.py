@@ -26,6 +26,7 @@ import math
 import operator
 import os
 import sys
+import time
 from collections import Counter
 from types import ModuleType
 from typing import Any
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 # this many per dict: a bound on what one buggy dict (a metric per sample) can put in the table.
 MAX_NAMES_PER_STEP = 4 * v.MAX_METRICS
 WARNED_NAMES_PER_REASON = 20  # names logged one by one per reason; past that they are only counted
+MFU_WARN_INTERVAL_S = 60.0  # an MFU out of range is logged at most this often (a wrong estimate repeats every step)
 _HASH_CHARS = 8
 
 # Reasons a value or a name did not go out as given (the keys of MetricsPublisher.skipped).
@@ -180,15 +182,19 @@ class MetricsPublisher:
         self.steps = 0  # step_completed calls made
         self.dicts = 0  # dicts published, steps included
         self.closed = False
+        self.mfu_out_of_range = 0  # steps whose MFU was outside [0, 1]: sent null in the STEP's field
         self._seen: dict[str, set[str]] = {}
         self._last_completed: int | None = None
+        self._mfu_warned_at = -math.inf
 
     def step(self, step: Any, data: Mapping[Any, Any], duration_s: Any = None, tokens: Any = None,
              mfu: Any = None) -> dict[str, float]:
         """Complete ``step`` with the numbers of ``data`` as its metrics; returns what was sent.
 
         ``duration_s``, ``tokens`` and ``mfu`` fill the STEP's own fields when they are a finite
-        number within range (a wrong one is left out of the field, still sent as a metric)."""
+        number within range (a wrong one is left out of the field, still sent as a metric). ``mfu``
+        is a fraction from 0 to 1 (seed 001), as verl reports it; one outside that is left null
+        with a warning naming it (``mfu_out_of_range`` counts them), never raised into training."""
         number = self._step_number(step)
         if number is None:
             return {}
@@ -196,7 +202,7 @@ class MetricsPublisher:
             return self.scalars(number, data)
         metrics = self._limited(data)
         first = dict(list(metrics.items())[:v.MAX_METRICS])
-        fields = dict(duration_s=_within(duration_s, 0.0, v.MAX_DURATION_S, 0.0), mfu=_within(mfu, 0.0, math.inf, None),
+        fields = dict(duration_s=_within(duration_s, 0.0, v.MAX_DURATION_S, 0.0), mfu=self._mfu(number, mfu),
                       tokens=int(_within(tokens, 0.0, float(2**62), 0.0)))
         if not self._call(self.telemetry.step_completed, number, metrics=first, **fields):
             return {}
@@ -229,6 +235,25 @@ class MetricsPublisher:
             self.telemetry.close(status=status)
 
     # -- internals -------------------------------------------------------------------------
+    def _mfu(self, step: int, value: Any) -> float | None:
+        """The STEP's MFU field: ``value`` if a fraction from 0 to 1, else None.
+
+        Out of range is a FLOPs estimate that does not fit the model or a device peak that is not
+        the device's: the SDK refuses it, and a logging hook must not stop the job over it."""
+        number = metric_value(value)
+        if isinstance(number, str):  # None or not a number: no MFU (the metric's own skip is counted)
+            return None
+        if 0.0 <= number <= 1.0:
+            return number
+        self.mfu_out_of_range += 1
+        now = time.monotonic()
+        if now - self._mfu_warned_at >= MFU_WARN_INTERVAL_S:
+            self._mfu_warned_at = now
+            log.warning("rlpulse metrics: step %d reports MFU %r, outside 0 to 1 (a fraction; seed 001): its STEP "
+                        "has no MFU (the trainer's metric keeps the value); %d such steps so far, logged at most "
+                        "every %.0f s", step, value, self.mfu_out_of_range, MFU_WARN_INTERVAL_S)
+        return None
+
     def _step_number(self, step: Any) -> int | None:
         try:
             number = operator.index(step)  # numpy's integers too

@@ -31,9 +31,10 @@ trains step ``n`` on rollouts made by the weights step ``v`` started from has ``
 ``rollout_id`` ``s<step>-<i>`` and ``sample_id`` ``s<step>-p<g>``, with ``i`` the completion's
 index in the batch gathered across processes and ``g = i // num_generations`` its prompt group;
 ``reward`` is TRL's: the sum over reward functions of ``weight * value`` (``reward_weights``), failed
-ones left out (TRL's ``nansum``); ``term_shares`` holds each scored function's ``weight * value``
-under its TRL name, so a completion every function failed has none (TRL leaves it out of its
-logged ``reward`` and ``reward_std``; rlpulse publishes it with reward 0.0, as ``nansum`` would);
+ones left out (TRL's ``nansum``); ``term_shares`` holds each function's ``weight * value`` under its
+TRL name, and 0.0 for a function that failed on the completion (seed 001: a failed score counts as
+zero for its term), so a completion every function failed has every term at 0.0 and reward 0.0,
+as ``nansum`` gives (TRL leaves it out of its logged ``reward`` and ``reward_std``);
 ``completion_tokens`` is the completion's length; ``finish_reason`` is ``stop`` when its last token
 is an EOS or the pad token, else ``length`` (clipped), exactly as TRL counts
 ``completions/clipped_ratio``, not from the length limit.
@@ -43,7 +44,12 @@ and end. The outcome is ``ok`` with the function's value as ``score``; else the 
 given None (NaN, which its ``nansum`` skips): the function raised -> ``error`` for every completion
 of the call; it returned None or NaN -> ``ungradable``; an infinite value -> ``unreadable`` (passed
 to TRL unchanged). A function names its own cause by raising ``GraderFailure(cause)`` (every
-completion of the call) or returning one in place of a score (that completion).
+completion of the call) or returning one in place of a score (that completion). The telemetry
+``instrument`` builds holds the grader calls until their step completes (``grader_calls="step"``;
+seed 001: "the job reports the calls for a step when it reports that step"): TRL scores a batch
+inside the step that trains on it, and the calls of a step the job never completed (it crashed or
+was stopped) are not published, as TRL never logs that step's ``rewards/*``. Pass
+``grader_calls="call"`` to ``instrument`` to publish each call as it is made.
 
 **Scalars.** Every number TRL logs (``on_log``: loss, grad_norm, learning_rate, kl, entropy,
 ``clip_ratio/*`` (PPO's ratio clipping, not truncation), rewards/*, completions/*, ...) goes to
@@ -64,55 +70,22 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import math
 import threading
 import time
 from typing import Any
 from collections.abc import Callable, Mapping
 
+from rlpulse.producers.integrations.trl_values import GraderFailure, for_trl, outcome_of, scalars
 from rlpulse.producers.integrations.completions import (DEFAULT_CONTENT_LIMIT, Completion, CompletionPublisher,
                                                         Generations, completion_publisher)
 from rlpulse.producers.sdk import events as v
 from rlpulse.producers.sdk.batch import RolloutBatch
 from rlpulse.producers.sdk.process import run_status
 from rlpulse.producers.sdk.telemetry import TrainingTelemetry
-from rlpulse.schemas.enums import FAILURE_CAUSES
-from rlpulse.base.errors import Error
 
 log = logging.getLogger(__name__)
 
 __all__ = ["GraderFailure", "TrlTelemetry", "instrument"]
-
-
-class GraderFailure(Error):
-    """A reward function's way to say why it could not score: ``timeout``, ``unavailable``,
-    ``unreadable``, ``ungradable`` or ``error``. Raised, every completion of the call failed so;
-    returned in the list in place of a score, that completion did. TRL sees None (NaN) either way."""
-
-    def __init__(self, cause: str, message: str = ""):
-        if cause not in FAILURE_CAUSES:
-            raise ValueError(f"GraderFailure cause must be one of {', '.join(FAILURE_CAUSES)}, got {cause!r}")
-        super().__init__(message or cause)
-        self.cause = cause
-
-
-def _outcome(value: Any) -> tuple[str, float | None]:
-    """(outcome, score) of one value a reward function returned."""
-    if isinstance(value, GraderFailure):
-        return value.cause, None
-    if value is None:
-        return "ungradable", None
-    try:
-        score = float(value)
-    except (TypeError, ValueError):
-        return "unreadable", None
-    if math.isnan(score):
-        return "ungradable", None
-    return ("ok", score) if math.isfinite(score) else ("unreadable", None)
-
-
-def _for_trl(value: Any) -> Any:
-    return None if isinstance(value, GraderFailure) else value
 
 
 class TrlTelemetry:
@@ -180,7 +153,7 @@ class TrlTelemetry:
             self._record_safely(index, kwargs, start, end, None)
             return result
         self._record_safely(index, kwargs, start, end, values)
-        return [_for_trl(x) for x in values]
+        return [for_trl(x) for x in values]
 
     def _name(self, index: int) -> str:
         names = getattr(self.trainer, "reward_func_names", None) or ()
@@ -226,10 +199,10 @@ class TrlTelemetry:
                     fresh.append((i, rollout_id, fields))
                 if values is None:
                     continue
-                outcome, score = _outcome(values[i])
+                outcome, score = outcome_of(values[i])
                 self.tel.grader(step, rollout_id, term, outcome, score=score, start_ns=start, end_ns=end)
-                if score is not None:  # ok: the failed ones are left out of the terms (TRL's nansum)
-                    batch.term(rollout_id, term, weight * score)
+                # a failed score counts as zero for its term (seed 001) and adds nothing to the reward (TRL's nansum)
+                batch.term(rollout_id, term, None if score is None else weight * score)
             heard.add(index)
             done = len(heard) >= self._wrapped
         if fresh and self.completions is not None:
@@ -302,7 +275,7 @@ class TrlTelemetry:
             # The copy Trainer.log appended before any callback ran: callbacks before this one may
             # change `logs` (transformers' PrinterCallback pops total_flos from it).
             logs = {name: value for name, value in entry.items() if name != "step"}
-        metrics = self._scalars(logs or {})
+        metrics = scalars(logs or {}, self.skipped)
         chunks = [dict(list(metrics.items())[i:i + v.MAX_METRICS]) for i in range(0, len(metrics), v.MAX_METRICS)]
         step = int(state.global_step)
         if self._pending is not None and self._pending[0] == step:
@@ -322,27 +295,6 @@ class TrlTelemetry:
             step, tokens, duration = self._pending
             self._pending = None
             self.tel.step_completed(step, tokens=tokens, duration_s=duration)
-
-    def _scalars(self, logs: Mapping[str, Any]) -> dict[str, float]:
-        """The finite numbers of a TRL log under names the SDK accepts; the rest counted in ``skipped``."""
-        metrics: dict[str, float] = {}
-        for name, value in logs.items():
-            number: float | None = None
-            if not isinstance(value, (bool, str, bytes)):
-                try:
-                    number = float(value.item() if hasattr(value, "item") else value)  # a tensor or NumPy scalar too
-                except (TypeError, ValueError, OverflowError):
-                    number = None
-            valid_name = isinstance(name, str) and 0 < len(name) <= v.MAX_NAME and name.isascii()
-            if number is not None and math.isfinite(number) and valid_name:
-                metrics[name] = number
-                continue
-            key = str(name)[:v.MAX_NAME]
-            if key not in self.skipped:
-                log.warning("TRL logged %s=%r: not a finite number under a usable name, so not published "
-                            "(later skips of this name are counted, not logged)", key, value)
-            self.skipped[key] = self.skipped.get(key, 0) + 1
-        return metrics
 
     # -- the end ---------------------------------------------------------------------------------
     def close(self, status: str = "finished") -> int:
@@ -384,12 +336,14 @@ def instrument(trainer: Any, project: str, run_id: str, attempt: int = 1, stage:
 
     Call before ``trainer.train()``. ``telemetry_kwargs`` go to ``TrainingTelemetry`` (``settings``,
     ``transport``, ...); rank and world size come from ``trainer.accelerator``. Pass ``telemetry`` to
-    publish through an existing one instead. Returns the glue (``.tel`` is the telemetry).
+    publish through an existing one instead (its own ``grader_calls`` then holds). Returns the glue
+    (``.tel`` is the telemetry).
     ``content`` (None: ``RLPULSE_TRACE_CONTENT``): also publish each rollout's prompt and completion, each
     content attribute at most ``content_limit`` characters; ``token_ids``: their token ids too.
     """
     accelerator = getattr(trainer, "accelerator", None)
     if telemetry is None:
+        telemetry_kwargs.setdefault("grader_calls", "step")  # the module docstring says why
         telemetry = TrainingTelemetry(project, run_id, attempt=attempt, trainer="rl", stage=stage,
                                       rank=int(getattr(accelerator, "process_index", 0)),
                                       world_size=int(getattr(accelerator, "num_processes", 1)), **telemetry_kwargs)

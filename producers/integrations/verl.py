@@ -27,7 +27,10 @@ Step mapping: the step is verl's ``global_steps`` as logged (1 for the first tra
 for the validation before training). A dict of validation figures only (``val-core/``,
 ``val-aux/``, ``val/``) goes out as METRICS of its step; any other dict completes its step (STEP,
 once per step) with ``timing_s/step`` as its duration, ``perf/total_num_tokens`` as tokens and
-``perf/mfu/actor`` as MFU. Every number of the dict is a metric under verl's own name.
+``perf/mfu/actor`` (SFT: ``train/mfu``) as MFU, a fraction as verl computes it (estimated over
+promised FLOPs per GPU): a value outside 0 to 1 leaves the STEP's MFU null, with a warning, and
+stays a metric. Every number of the dict is a metric under verl's own name. verl makes no grader
+calls that rlpulse sees (its reward scores arrive as metrics), so ``grader_calls`` does not apply.
 ``response_length/clip_ratio`` is the share of responses cut at the length limit (truncation,
 the seed's clipped ratio); ``actor/pg_clipfrac`` is PPO's ratio clipping: different figures.
 """

@@ -35,6 +35,8 @@ class SyncTelemetry(Protocol):
 
     def step_completed(self, *args: Any, **kwargs: Any) -> None: ...
 
+    def discard_step(self, step: int) -> int: ...
+
     def log(self, step: int, metrics: Any) -> None: ...
 
     def heartbeat(self) -> None: ...
@@ -71,6 +73,9 @@ class AsyncTelemetry:
 
     async def step_completed(self, **kwargs: Any) -> None:
         self.sync.step_completed(**kwargs)
+
+    async def discard_step(self, step: int) -> int:
+        return self.sync.discard_step(step)
 
     async def log(self, step: int, metrics: Any) -> None:
         self.sync.log(step, metrics)

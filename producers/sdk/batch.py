@@ -9,14 +9,18 @@ per rollout when it closes, so the framework's glue needs no buffering of its ow
         for rid, r in zip(ids, format_rewards):
             batch.term(rid, "format", r)            # one reward function's weighted value
         for rid, r in zip(ids, accuracy_rewards):
-            batch.term(rid, "accuracy", r)
+            batch.term(rid, "accuracy", r)          # r None: its grader failed
         for rid, n, why in zip(ids, lengths, finish_reasons):
             batch.rollout(rid, completion_tokens=n, finish_reason=why)
 
-A rollout's reward is the one given to ``rollout(..., reward=)``, else the sum of its terms (a
-term never given, because its grader failed, is left out: TRL's ``nansum``). Every call is
-checked when the batch publishes; a block left on an exception publishes nothing and logs how
-many rollouts it held.
+A rollout's reward is the one given to ``rollout(..., reward=)``, else the sum of its terms.
+A term whose grader failed (``term(rid, term, None)``, or ``failed(rid, term)``) counts as zero:
+seed 001 has "a failed score counts as zero for its term, so a judge that times out or returns no
+verdict lowers the reward". It is in ``term_shares`` with share 0.0, so the term's histogram and
+share figures count that rollout, and adds nothing to the reward (TRL's ``nansum`` skips it
+too). The failure's cause is the grader call's: ``TrainingTelemetry.grader(..., outcome=cause)``,
+whose stored score stays null. Every call is checked when the batch publishes; a block left on an
+exception publishes nothing and logs how many rollouts it held.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+FAILED_SHARE = 0.0  # a failed score counts as zero for its term (seed 001)
 
 
 class RolloutBatch:
@@ -37,10 +43,14 @@ class RolloutBatch:
         self._terms: dict[str, dict[str, float]] = {}
         self._fields: dict[str, dict[str, Any]] = {}
 
-    def term(self, rollout_id: str, term: str, share: float) -> None:
-        """One term's weighted share of ``rollout_id``'s reward."""
-        self._terms.setdefault(rollout_id, {})[term] = share
+    def term(self, rollout_id: str, term: str, share: float | None) -> None:
+        """One term's weighted share of ``rollout_id``'s reward; None: its grader failed, the share is 0.0."""
+        self._terms.setdefault(rollout_id, {})[term] = FAILED_SHARE if share is None else share
         self._fields.setdefault(rollout_id, {})
+
+    def failed(self, rollout_id: str, term: str) -> None:
+        """``term``'s grader failed on ``rollout_id``: the term counts as zero (``term(rollout_id, term, None)``)."""
+        self.term(rollout_id, term, None)
 
     def rollout(self, rollout_id: str, **fields: Any) -> None:
         """``rollout_id``'s own fields: any keyword ``TrainingTelemetry.rollout`` takes but ``step``

@@ -15,7 +15,7 @@ streams' ``checkpoint_failed`` alert; the run's next successful save resolves it
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlpulse.producers.sdk import events as v
@@ -64,3 +64,27 @@ class Checkpointing:
         error = None if exc is None else f"{type(exc).__name__}: {exc}"
         self._publish(step=self.step, op=self.op, outcome="ok" if exc is None else "failed", start_ns=self._start,
                       end_ns=self._clock(), size_bytes=self.size_bytes, error=error)
+
+
+class CheckpointCalls:
+    """``TrainingTelemetry``'s checkpoint calls (a base class of it; it sets the attributes)."""
+
+    run_id: str
+    attempt: int
+    _clock: Callable[[], int]
+
+    def publish_span(self, span: Mapping[str, Any]) -> bool:  # SenderFaces's, before this class in TrainingTelemetry
+        raise NotImplementedError
+
+    def checkpoint(self, step: int, op: str, outcome: str = "ok", duration_s: float = 0.0,
+                   size_bytes: int | None = None, error: str | None = None, start_ns: int | None = None,
+                   end_ns: int | None = None) -> None:
+        """Record a checkpoint ``op`` (save or restore) of ``step`` that ended ``end_ns`` (default now),
+        ``outcome`` ok or failed."""
+        end = self._clock() if end_ns is None else end_ns
+        start = end - int(v.require_duration("duration_s", duration_s) * 1e9) if start_ns is None else start_ns
+        self.publish_span(checkpoint_fields(self.run_id, self.attempt, step, op, outcome, start, end, size_bytes, error))
+
+    def checkpointing(self, step: int, op: str = "save") -> Checkpointing:
+        """A ``with`` block timing a checkpoint ``op``: failed if it raises."""
+        return Checkpointing(self.checkpoint, step, op, self._clock)

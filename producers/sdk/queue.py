@@ -102,6 +102,37 @@ class EventQueue:
                     self._start()
         return True
 
+    def reserve(self, size: int) -> bool:
+        """Count ``size`` bytes against the bound now, for an event queued later by ``put_reserved``
+        (a grader call held for its step); False, a counted drop, when they do not fit."""
+        with self._lock:
+            if self._bytes + size > self.buffer_bytes:
+                self._count_drop()
+                return False
+            self._bytes += size
+            return True
+
+    def unreserve(self, size: int) -> None:
+        """Give back bytes reserved for events that will never be queued (a step the job abandoned)."""
+        with self._lock:
+            self._bytes -= size
+
+    def put_reserved(self, stream: int, channel: Channel, args: Any, size: int) -> None:
+        """``put`` for an event whose ``size`` was reserved: never dropped. (``put``'s body again rather
+        than a helper both call: ``put`` is the hot path of every SDK call.)"""
+        with self._lock:
+            seq = self._next_seq[stream] + 1
+            self._next_seq[stream] = seq
+            items = self._items
+            items.append((channel, seq, size, args))
+            self.pending += 1
+            if len(items) >= self._wake_at:
+                self._wake_at = NEVER
+                if self._owner is not None or self._starter is None:
+                    self._wake()
+                else:
+                    self._start()
+
     def last_sequence(self, stream: int) -> int:
         """The last sequence id given in ``stream`` (0 when none): RUN_END tells the streams so."""
         with self._lock:

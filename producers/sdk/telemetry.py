@@ -19,14 +19,14 @@ from rlpulse.producers.sdk import process
 from rlpulse.producers.sdk.process import run_status
 from rlpulse.producers.sdk.aio import AsyncTelemetry
 from rlpulse.producers.sdk.batch import RolloutBatch
-from rlpulse.producers.sdk.checkpoints import Checkpointing, checkpoint_fields
+from rlpulse.producers.sdk.checkpoints import CheckpointCalls
 from rlpulse.producers.sdk.delivery import Transport
-from rlpulse.producers.sdk.queue import (DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_QUEUED_BYTES, ROLLOUT_QUEUED_BYTES, SPANS,
-                             STEP_QUEUED_BYTES, STEPS, Channel)
+from rlpulse.producers.sdk.queue import DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_QUEUED_BYTES, ROLLOUT_QUEUED_BYTES, SPANS, Channel
 from rlpulse.producers.sdk.records import SPAN_NULLS, Records
 from rlpulse.producers.sdk.sender import DEFAULT_BUFFER_BYTES, Sender, SenderConfig
 from rlpulse.producers.sdk.sequence import StartSequence
 from rlpulse.producers.sdk.span_fields import SPAN_ENCODED_BYTES
+from rlpulse.producers.sdk.steps import GRADER_CALLS, GRADER_CALLS_WITH_STEP, HeldGraderCalls, StepCalls
 from rlpulse.producers.sdk.writer import SenderFaces
 from rlpulse.schemas.catalogue import run_key
 from rlpulse.schemas.enums import FINISH_TRUNCATED, GRADER_OUTCOMES, RUN_STATUSES, TRAINERS
@@ -42,7 +42,7 @@ _NO_SHARES: dict[str, float] = {}  # shared, never mutated: the builders only re
 assert v.MAX_DURATION_S == 1e9 and v.MAX_NAME == 256  # the calls test these literals
 
 
-class TrainingTelemetry(SenderFaces):
+class TrainingTelemetry(SenderFaces, StepCalls, CheckpointCalls):
     """Publishes a run's rollouts, grader calls and steps without blocking the training thread.
 
     Use as a context manager (RUN_START on enter, RUN_END and a final flush on exit). A
@@ -53,6 +53,9 @@ class TrainingTelemetry(SenderFaces):
     with it open delivers what it holds; an event after ``close()`` is still delivered (see
     ``rlpulse.producers.sdk.process`` and ``_after_fork_in_child``). Events go to Kafka (``settings``), or
     through ``transport`` when one is given (``rlpulse.producers.sdk.memory.InMemoryTransport``: no broker).
+    ``grader_calls``: ``call`` (default) publishes each ``grader()`` call when made; ``step`` holds
+    them until their step completes and never publishes those of a step the job did not complete
+    (seed 001; ``rlpulse.producers.sdk.steps``).
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class TrainingTelemetry(SenderFaces):
         transport: Transport | None = None,
         rank: int = 0,
         world_size: int = 1,
+        grader_calls: str = "call",
     ):
         self.project = v.require_name("project", project)
         self.run_id = v.require_name("run_id", run_id)
@@ -81,6 +85,7 @@ class TrainingTelemetry(SenderFaces):
             raise ValueError(f"rank must be an integer in [0, world_size) and world_size a positive integer; "
                              f"got rank={rank!r}, world_size={world_size!r}")
         self.rank, self.world_size = rank, world_size
+        grader_calls = v.require_choice("grader_calls", grader_calls, GRADER_CALLS)
         self.settings = settings or Settings.load()
         self.writer_id = os.urandom(8).hex()
         self.key = run_key(self.project, self.run_id)
@@ -88,6 +93,9 @@ class TrainingTelemetry(SenderFaces):
         self._sender = Sender(self.settings, buffer_bytes=buffer_bytes if sender_config is None else None,
                               config=sender_config, transport=transport)
         self._put = self._sender.queue.put
+        # grader() hands each call to _grader_put: the queue's put, or (step mode) the held calls' put
+        self._held = HeldGraderCalls(self._sender.queue) if grader_calls == GRADER_CALLS_WITH_STEP else None
+        self._grader_put = self._put if self._held is None else self._held.put
         spans, steps = self.settings.topic("spans"), self.settings.topic("steps")
         identity = dict(project=self.project, run_id=self.run_id, attempt=attempt, stage=self.stage,
                         writer_id=self.writer_id)
@@ -151,6 +159,7 @@ class TrainingTelemetry(SenderFaces):
         status = v.require_choice("status", status, RUN_STATUSES)
         self._open = False
         self._stop_heartbeat.set()
+        self._stop_held()
         if not self._forked and self._counts_steps:
             self._step_event("RUN_END", status=status)
         undelivered = self._sender.close(timeout)
@@ -164,6 +173,7 @@ class TrainingTelemetry(SenderFaces):
         """Stop as a crashed job would, without RUN_END (for simulations); delivers what is buffered."""
         self._open = False
         self._stop_heartbeat.set()
+        self._stop_held()
         return self._sender.close(timeout)
 
     @property
@@ -313,50 +323,12 @@ class TrainingTelemetry(SenderFaces):
             v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, named)
         if new_term:
             self._register_terms((term,))
-        self._put(
+        self._grader_put(
             SPANS,
             self._grader_channel,
             (start, end, step, rollout_id, term, outcome, score, input_tokens, output_tokens),
             size,
         )
-
-    def checkpoint(self, step: int, op: str, outcome: str = "ok", duration_s: float = 0.0, size_bytes: int | None = None,
-                   error: str | None = None, start_ns: int | None = None, end_ns: int | None = None) -> None:
-        """Record a checkpoint ``op`` (save or restore) of ``step`` that ended ``end_ns`` (default now),
-        ``outcome`` ok or failed (``rlpulse.producers.sdk.checkpoints``)."""
-        end = self._clock() if end_ns is None else end_ns
-        start = end - int(v.require_duration("duration_s", duration_s) * 1e9) if start_ns is None else start_ns
-        self.publish_span(checkpoint_fields(self.run_id, self.attempt, step, op, outcome, start, end, size_bytes, error))
-
-    def checkpointing(self, step: int, op: str = "save") -> Checkpointing:
-        """A ``with`` block timing a checkpoint ``op``: failed if it raises (``rlpulse.producers.sdk.checkpoints``)."""
-        return Checkpointing(self.checkpoint, step, op, self._clock)
-
-    def step_completed(self, step: int, tokens: int = 0, duration_s: float = 0.0, mfu: float | None = None,
-                       metrics: Mapping[str, float] | None = None) -> None:
-        """Record a completed step; ``step_count`` goes up by one (a repeated step after a restore
-        counts again). ``metrics``: the trainer's own scalars of the step (loss, kl, grad_norm,
-        ``clip_ratio/*``), at most MAX_METRICS names of at most MAX_NAME characters, finite values.
-        On a rank other than 0 this does nothing: rank 0 counts the run's steps."""
-        v.require_step("step", step)  # every check before step_count changes
-        v.require_step("tokens", tokens)
-        duration_s = v.require_duration("duration_s", duration_s)
-        mfu = v.optional_finite("mfu", mfu, minimum=0.0)
-        checked = v.float_map("metrics", metrics, v.MAX_METRICS)
-        if self._counts_steps:
-            self._step_event("STEP", step, tokens, duration_s, mfu, completed=1, metrics=checked)
-
-    def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Record the trainer's scalars of ``step`` without completing it (a METRICS event); the
-        same limits as ``step_completed``'s ``metrics``. On a rank other than 0 this does nothing."""
-        v.require_step("step", step)
-        checked = v.float_map("metrics", metrics, v.MAX_METRICS)
-        if checked and self._counts_steps:
-            self._step_event("METRICS", step, metrics=checked)
-
-    def heartbeat(self) -> None:
-        """Publish the current ``step_count`` now (the background timer calls this)."""
-        self._step_event("HEARTBEAT")
 
     def span_exporter(self) -> RlpulseSpanExporter:
         """An OpenTelemetry SpanExporter publishing the job's own spans (see ``rlpulse.producers.sdk.otel``)."""
@@ -375,20 +347,6 @@ class TrainingTelemetry(SenderFaces):
                     f"{MAX_TERMS + 1} for this run; at most {MAX_TERMS} are allowed"
                 )
             self._terms.update(new)
-
-    def _step_event(self, type_: str, step: int = -1, tokens: int = 0, duration_s: float = 0.0, mfu: float | None = None,
-                    completed: int = 0, metrics: dict[str, float] = _NO_SHARES, status: str | None = None) -> None:
-        with self._step_lock:  # so step_count and the sequence id rise together across threads
-            self.step_count += completed
-            # RUN_END says how many spans this writer numbered, so the streams can close the run as
-            # soon as they have applied the last one instead of waiting for it to go quiet.
-            spans_sent = self._sender.queue.last_sequence(SPANS) if type_ == "RUN_END" else 0
-            self._put(
-                STEPS,
-                self._step_channel,
-                (self._clock(), type_, step, self.step_count, tokens, duration_s, mfu, spans_sent, metrics, status),
-                STEP_QUEUED_BYTES + (DICT_QUEUED_BYTES + sum(map(len, metrics)) + ENTRY_BYTES * len(metrics) if metrics else 0),
-            )
 
     # -- process life (called by rlpulse.producers.sdk.process) ------------------------------------------
     def _after_fork_in_child(self) -> None:
@@ -410,6 +368,8 @@ class TrainingTelemetry(SenderFaces):
         """
         self._sender._after_fork_in_child()
         self._put = self._sender.queue.put
+        self._held = None if self._held is None else self._held.renewed(self._sender.queue)  # the parent's are its own
+        self._grader_put = self._put if self._held is None else self._held.put
         self.writer_id = os.urandom(8).hex()
         self._span_base["writer_id"] = self._step_base["writer_id"] = self.writer_id
         self.sequence = StartSequence(self._clock)  # a writer of its own: its own tag (and a lock made anew)
@@ -420,6 +380,7 @@ class TrainingTelemetry(SenderFaces):
 
     def _stop_at_exit(self) -> None:
         self._stop_heartbeat.set()  # the exit delivers what is buffered; no new heartbeat joins it
+        self._stop_held()  # the job stops: held grader calls of steps it never completed are not published
 
     def _heartbeat_loop(self) -> None:
         while not self._stop_heartbeat.wait(self.settings.heartbeat_interval):

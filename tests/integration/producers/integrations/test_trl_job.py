@@ -16,7 +16,8 @@ step ``k + 1`` with policy version ``k + 1``. TRL logs a batch's figures at that
   ``avg(completion_tokens)`` and ``step_stats.completion_mean`` (min, max).
 * ``reward``: ``nanmean(rewards)`` where ``rewards = nansum(rewards_per_func * reward_weights)``
   with the rows every function failed set to NaN -> ``avg(reward)`` over the ROLLOUT spans with
-  at least one term (a term is left out when its grader failed; a rollout with none is unscorable).
+  at least one ``ok`` GRADER span (a failed term is in ``term_shares`` at 0.0, as seed 001 counts
+  it, so the terms do not tell; a rollout whose every grader failed is unscorable).
 * ``reward_std``: TRL's ``nanstd``, the sample standard deviation (Bessel's correction, n - 1) over
   the same rows -> ``stddevSamp(reward)`` over them; ``step_stats.reward_std`` is the population
   one over every rollout, a different figure, so it is not compared.
@@ -155,11 +156,14 @@ def test_a_trl_grpo_job_in_clickhouse_equals_what_trl_logged(ran: dict[str, Any]
 
     # -- rollouts, clipped ratio, lengths, rewards: per step ------------------------------------------
     spans = {r[0]: r[1:] for r in rows(f"""
-        SELECT step, count(), countIf(clipped), countIf(clipped != (finish_reason = 'length')),
-               avg(completion_tokens), min(completion_tokens), max(completion_tokens),
-               avgIf(reward, length(term_shares) > 0), stddevSampIf(reward, length(term_shares) > 0),
-               countIf(policy_version != step), uniqExact(sample_id), countIf(length(term_shares) = 0)
-        FROM $db.spans FINAL WHERE {run} AND kind = 'ROLLOUT' GROUP BY step ORDER BY step""")}
+        SELECT r.step, count(), countIf(r.clipped), countIf(r.clipped != (r.finish_reason = 'length')),
+               avg(r.completion_tokens), min(r.completion_tokens), max(r.completion_tokens),
+               avgIf(r.reward, g.ok > 0), stddevSampIf(r.reward, g.ok > 0),
+               countIf(r.policy_version != r.step), uniqExact(r.sample_id), countIf(g.ok = 0)
+        FROM (SELECT * FROM $db.spans FINAL WHERE {run} AND kind = 'ROLLOUT') AS r
+        LEFT JOIN (SELECT rollout_id, countIf(outcome = 'ok') AS ok FROM $db.spans FINAL
+                   WHERE {run} AND kind = 'GRADER' GROUP BY rollout_id) AS g ON g.rollout_id = r.rollout_id
+        GROUP BY r.step ORDER BY r.step""")}
     stats = {r[0]: r[1:] for r in rows(f"""
         SELECT step, rollouts, clipped_ratio, completion_mean, completion_min, completion_max, staleness_max, reward_mean
         FROM $db.step_stats FINAL WHERE {run} ORDER BY step""")}

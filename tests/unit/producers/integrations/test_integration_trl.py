@@ -146,9 +146,9 @@ def test_a_batch_is_the_step_after_the_global_step_it_was_generated_at_and_its_p
     # TRL's truncation: the last token neither EOS nor pad; EOS exactly at the limit is not clipped
     assert [r["finish_reason"] for r in first] == ["stop", "length", "stop", "stop"]
     assert [r["clipped"] for r in first] == [False, True, False, False]
-    # reward: TRL's weighted nansum; terms: each scored function's weighted value, failed ones left out
-    assert [r["term_shares"] for r in first] == [{"score": 1.0}, {"score": 1.0}, {"score": 0.75, "judge": 0.5},
-                                                 {"score": 0.5, "judge": 0.5}]
+    # reward: TRL's weighted nansum; terms: each function's weighted value, a failed one 0.0 (seed 001)
+    assert [r["term_shares"] for r in first] == [{"score": 1.0, "judge": 0.0}, {"score": 1.0, "judge": 0.0},
+                                                 {"score": 0.75, "judge": 0.5}, {"score": 0.5, "judge": 0.5}]
     assert [r["reward"] for r in first] == trainer.trl_rewards[0]
     step_events = [s for s in steps if s["type"] == "STEP"]
     assert [s["step"] for s in step_events] == [1, 2, 3, 4] and step_events[-1]["step_count"] == 4
@@ -176,9 +176,11 @@ def test_grader_outcomes_scores_and_the_calls_own_timing() -> None:
     assert [gen[1] for gen in trainer.returned[:2]] == [[None] * 4, [None] * 4]
     nan, *rest = trainer.returned[2][1]
     assert math.isnan(nan) and rest == [math.inf, None, 0.25]
-    # failed terms are left out of the rollouts' terms and rewards
-    assert [r["term_shares"] for r in sorted(of(spans, "ROLLOUT"), key=lambda r: r["rollout_id"]) if r["step"] == 3] == [
-        {"score": 1.0}, {"score": 1.0}, {"score": 0.75}, {"score": 0.5, "flaky": 0.25}]
+    # a failed term counts as zero for its term (seed 001) and adds nothing to the reward (TRL's nansum)
+    third = [r for r in sorted(of(spans, "ROLLOUT"), key=lambda r: r["rollout_id"]) if r["step"] == 3]
+    assert [r["term_shares"] for r in third] == [
+        {"score": 1.0, "flaky": 0.0}, {"score": 1.0, "flaky": 0.0}, {"score": 0.75, "flaky": 0.0}, {"score": 0.5, "flaky": 0.25}]
+    assert [r["reward"] for r in third] == [1.0, 1.0, 0.75, 0.75]
     # a grader span carries its call's start and end, shared by the call's completions
     for step in (1, 2, 3):
         calls = {(g["start_time_ns"], g["end_time_ns"]) for g in graders if g["step"] == step}
@@ -200,7 +202,7 @@ def test_every_scalar_trl_logs_is_published_and_what_is_not_a_number_is_counted(
         "(later skips of this name are counted, not logged)",
         "TRL values not published (not finite numbers): reward x1"]
     unscorable = of(spans, "ROLLOUT")  # both completions: every function failed; reward 0.0, as TRL's nansum
-    assert [(r["term_shares"], r["reward"]) for r in unscorable] == [({}, 0.0), ({}, 0.0)]
+    assert [(r["term_shares"], r["reward"]) for r in unscorable] == [({"judge": 0.0}, 0.0), ({"judge": 0.0}, 0.0)]
 
 
 def test_more_scalars_than_one_event_holds_go_in_several() -> None:
@@ -240,6 +242,8 @@ def test_a_second_rank_publishes_its_own_rollouts_and_no_steps() -> None:
     # its completions follow rank 0's in the gathered batch (TRL's process_slice): indices 4-7, prompt groups 2-3
     assert sorted(r["rollout_id"] for r in of(spans, "ROLLOUT")) == ["s1-4", "s1-5", "s1-6", "s1-7"]
     assert sorted({r["sample_id"] for r in of(spans, "ROLLOUT")}) == ["s1-p2", "s1-p3"]
+    # its grader calls, held for their step, go out when it completes the step here too
+    assert sorted(g["rollout_id"] for g in of(spans, "GRADER")) == ["s1-4", "s1-5", "s1-6", "s1-7"]
     assert steps == []  # no RUN_START, STEP, METRICS, heartbeat or RUN_END: rank 0 speaks for the run
 
 
@@ -250,7 +254,8 @@ def test_an_async_reward_function_stays_async_and_is_recorded() -> None:
 
     transport = InMemoryTransport()
     trainer = FakeGRPO([remote_judge], [])
-    instrument(trainer, project="p", run_id="r", transport=transport)
+    # each call published when made: called here outside any step, its step never completes
+    instrument(trainer, project="p", run_id="r", transport=transport, grader_calls="call")
     wrapped = trainer.reward_funcs[0]
     assert inspect.iscoroutinefunction(wrapped)  # TRL runs it with asyncio.gather only if it is
     got = asyncio.run(wrapped(prompts=["a", "a"], completion_ids=[[5, EOS], [5, 6]], trainer_state=trainer.state))
@@ -290,3 +295,25 @@ def test_what_cannot_be_recorded_is_logged_and_training_goes_on(caplog: pytest.L
     assert "rlpulse could not record a call of reward function xxx" in caplog.text
     assert of(spans, "GRADER") == [] and trainer.returned == [[[1.0, 1.0, 0.75, 0.5]]]  # TRL got its scores
     assert [s["status"] for s in steps if s["type"] == "RUN_END"] == ["finished"]
+
+
+@pytest.mark.parametrize("mode", ["step", "call"])
+def test_grader_calls_go_out_with_their_step_and_those_of_the_step_that_crashed_do_not(mode: str) -> None:
+    """Seed 001: the job reports the calls for a step when it reports that step; a job that stops does
+    not count the calls of the step it never completed. TRL's default is "step"; "call" is today's."""
+    trainer = FakeGRPO([score, judge], [BATCH, BATCH], fail=RuntimeError("judge refused the credentials"))
+    transport = InMemoryTransport()
+    hooks = instrument(trainer, project="p", run_id="r", transport=transport,
+                       **({} if mode == "step" else {"grader_calls": "call"}))
+    with pytest.raises(RuntimeError):
+        trainer.train()  # step 1 completes; step 2's batch is scored, then the step raises
+    graders = of(transport.records("spans"), "GRADER")
+    rollouts = of(transport.records("spans"), "ROLLOUT")
+    assert sorted({r["step"] for r in rollouts}) == [1, 2]  # the rollouts of both steps, as before
+    if mode == "step":
+        assert sorted({g["step"] for g in graders}) == [1] and len(graders) == 2 * len(BATCH)
+        held = hooks.tel.held_graders
+        assert held is not None and (held.held, held.published, held.discarded, held.dropped) == (0, 8, 8, 0)
+    else:
+        assert sorted({g["step"] for g in graders}) == [1, 2] and len(graders) == 4 * len(BATCH)
+        assert hooks.tel.held_graders is None

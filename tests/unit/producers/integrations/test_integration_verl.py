@@ -83,6 +83,24 @@ def test_a_training_step_is_one_step_with_every_number_under_verl_names():
     assert backend.publisher.skipped == {}
 
 
+def test_an_mfu_outside_0_to_1_leaves_the_steps_mfu_null_and_warns_naming_it(caplog: pytest.LogCaptureFixture):
+    # verl's perf/mfu/actor is a fraction (estimated over promised FLOPs per GPU); a FLOPs estimate
+    # that does not fit the model gives more than 1, which the SDK refuses: the job must train on
+    transport = InMemoryTransport()
+    with caplog.at_level(logging.WARNING, logger="rlpulse.producers.integrations.metrics_dict"):
+        with telemetry(transport) as tel:
+            backend = verl.VerlLogger(tel)
+            for step, mfu in ((1, 1.7), (2, 0.38), (3, 2.5), (4, -0.5)):
+                backend.log(data={**STEP_3, "perf/mfu/actor": mfu}, step=step)
+    got = [(s["step"], s["mfu"], s["metrics"]["perf/mfu/actor"]) for s in steps(transport) if s["type"] == "STEP"]
+    assert got == [(1, None, 1.7), (2, 0.38, 0.38), (3, None, 2.5), (4, None, -0.5)]  # the metric keeps the value
+    assert backend.publisher.mfu_out_of_range == 3 and backend.publisher.skipped == {}
+    # one warning, naming the first value; the rest within the minute are counted
+    assert [r.getMessage() for r in caplog.records] == [
+        "rlpulse metrics: step 1 reports MFU 1.7, outside 0 to 1 (a fraction; seed 001): its STEP has no MFU "
+        "(the trainer's metric keeps the value); 1 such steps so far, logged at most every 60 s"]
+
+
 def test_a_step_logged_twice_counts_once():
     # verl's fully async trainer logs a step's timing, then its aggregated metrics, at the same step
     transport = InMemoryTransport()
