@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from rlpulse.producers.sdk.records import span_id, trace_id
 from rlpulse.producers.sdk.telemetry import TrainingTelemetry
+from rlpulse.schemas import gpu_health
 from rlpulse.schemas.enums import FAILURE_CAUSES
 from rlpulse.base.settings import Settings
 
@@ -279,8 +280,15 @@ def _gpu_sample(tel: TrainingTelemetry, truth: GroundTruth, run_id: str, step: i
         "memory_activity": 0.4,
         "sm_clock_mhz": 1410.0,
         "throttle_reasons": 0x8 | 0x1 if slowdown else 0x0,
+        "throttle_reason_names": gpu_health.throttle_reason_names(0x8 | 0x1 if slowdown else 0x0),
         "xid_errors": 1 if xid else 0,
         "xid_last": 79 if xid else None,
+        "xid_class": gpu_health.xid_class(79) if xid else None,
+        # what the poller reads where NVML has it (an H100's): energy as a counter, so per-step energy is exact
+        "memory_reserved_bytes": 1 << 30,
+        "energy_mj": 1_000_000 + step * 1_500_000,
+        "tensor_activity": 0.35,
+        "dram_activity": 0.5,
     }
     placement = {
         key: sample[key]

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from rlpulse.sinks.views import trajectory_html
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.html_escape import esc  # one escaping function for the whole page
+from rlpulse.sinks.views.step_figures import out_of_range_note, summarize, summary_figures, throughput
+from rlpulse.sinks.views import term_figures
 
 W, H, HEAT_H = 1000, 260, 400  # chart sizes; the heatmap is taller (15 bucket rows)
 LEFT, RIGHT, TOP, BOTTOM = 70, 190, 40, 50  # margins; the legend lives in the right one
@@ -253,6 +255,51 @@ def clipped_chart(store: Store, run: str, attempt: int) -> str:
                           "step", "clipped / rollouts", y_range=(0.0, max([1.0] + [v for _, v in rows])))
 
 
+def figures_html(figures: Sequence[tuple[str, str, Any]]) -> str:
+    """A run's summary figures as a table of (label, value) rows, each row's data-figure its key; a value
+    that is None shows as "–". Any per-run summary (more per-step figure families) renders with it."""
+    def shown(v: Any) -> str:
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            return "–"
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    body = "".join(f'<tr data-figure="{esc(key)}"><th>{esc(label)}</th><td class="n">{esc(shown(value))}</td></tr>'
+                   for key, label, value in figures)
+    return f'<table class="figures">{body}</table>'
+
+
+def throughput_section(store: Store, run: str, attempt: int) -> str:
+    """Tokens, tokens/s and MFU of the run (the saved query step-throughput): its summary, a note when
+    steps reported an MFU outside [0, 1], and a chart of each per step."""
+    rows = throughput(store, None, run, attempt)
+    summary = summarize(rows)
+    note = out_of_range_note(summary.mfu_out_of_range)
+    rate = {"tokens/s": [(float(r.step), r.tokens_per_s) for r in rows if r.tokens_per_s is not None]}
+    mfu = {"MFU": [(float(r.step), r.mfu) for r in rows if r.mfu is not None]}
+    return (figures_html(summary_figures(summary)) + (f'<p class="mfu-out-of-range">{esc(note)}</p>' if note else "")
+            + line_chart_svg("throughput", "Tokens/s per step", rate if rate["tokens/s"] else {}, "step", "tokens/s")
+            + line_chart_svg("mfu", "MFU per step (model FLOPs utilization of the policy update)",
+                             mfu if mfu["MFU"] else {}, "step", "MFU", y_range=(0.0, 1.0)))
+
+
+def terms_section(store: Store, run: str, attempt: int) -> str:
+    """Each reward term over the run (as the run page and the text report sum it up) and its mean share per
+    step. The page names a run by id alone: the project of the attempt's latest step event."""
+    latest = _rows(store, """SELECT project FROM {db}.steps WHERE run_id = {run:String} AND attempt = {attempt:UInt32}
+        ORDER BY time_ns DESC LIMIT 1""", run=run, attempt=attempt)
+    rows = term_figures.term_rows(store, latest[0][0] if latest else None, run, attempt)
+    summaries = term_figures.summarize(rows)
+    head = "".join(f"<th>{esc(h)}</th>" for h, _ in term_figures.COLUMNS)
+    body = "".join(f'<tr data-term="{esc(t.term)}">' + "".join(f"<td>{esc('–' if v is None else str(v))}</td>"
+                                                               for v in term_figures.summary_row(t)) + "</tr>"
+                   for t in summaries)
+    note = term_figures.cost_note(summaries)
+    shares = {t.term: [(float(r["step"]), float(r["share_mean"])) for r in rows if r["term"] == t.term and r["rollouts"]]
+              for t in summaries}
+    return (f'<table class="terms"><tr>{head}</tr>{body}</table>' + (f"<p>{esc(note)}</p>" if note else "")
+            + line_chart_svg("term-shares", "Mean share per step (a failed score counts 0)", shares, "step", "share"))
+
+
 def gpu_rows(store: Store, run: str, attempt: int) -> list[tuple]:
     """(label, time_ns, utilisation, power) of the GPUs placed on the run, matched by hw_id
     (never by index), in [first placement, last placement + 60 s]."""
@@ -317,6 +364,8 @@ def render(store: Store, run_id: str, attempt: int | None = None, step: int | No
         ("Reward distribution per step", reward_heatmap(store, run_id, attempt)),
         ("Grader failures by cause", failures_chart(store, run_id, attempt)),
         ("Clipped ratio per step", clipped_chart(store, run_id, attempt)),
+        ("Reward terms", terms_section(store, run_id, attempt)),
+        ("Throughput and efficiency per step", throughput_section(store, run_id, attempt)),
         ("GPU utilisation", util),
         ("GPU power", power),
         ("Alerts", alerts_chart(store, run_id, attempt)),

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from rlpulse.base.terminal import print_table, terminal_safe
 from rlpulse.sinks.store.clickhouse import Store
+from rlpulse.sinks.views.step_figures import gpu_time, out_of_range_note, summarize, summary_figures, throughput
+from rlpulse.sinks.views import term_figures
 
 EVENT_TABLES = ("spans", "steps", "gpu_samples", "placements", "grader_failures", "step_stats", "reward_histograms",
-                "completion_length_histograms", "alerts")
+                "step_term_stats", "completion_length_histograms", "alerts")
 
 
 def rows_per_table(store: Store, project: str | None) -> list[tuple[str, int]]:
@@ -46,8 +48,26 @@ def step_figures(store: Store, project: str | None) -> tuple[list[str], list[tup
     return _query(store, """
         SELECT run_id, attempt, step, rollouts, clipped, round(clipped_ratio, 3) AS clipped_ratio,
                round(reward_mean, 3) AS reward_mean, round(reward_zero_fraction, 3) AS zero_fraction,
-               round(completion_mean) AS completion_mean, staleness_max
+               round(completion_mean) AS completion_mean, round(zero_std_fraction, 3) AS zero_std_fraction, staleness_max
         FROM {db}.step_stats FINAL {where} ORDER BY run_id, attempt, step""", project)
+
+
+def per_term_figures(store: Store, project: str | None) -> tuple[list[str], list[tuple], str]:
+    """Per attempt and reward term: the term's figures over the run (rlpulse.sinks.views.term_figures, as the
+    run page sums them), read with the saved query term-figures; and the note on failures without a cost."""
+    _, runs = _query(store, "SELECT DISTINCT project, run_id FROM {db}.step_term_stats {where} ORDER BY project, run_id",
+                     project)
+    columns = (["project"] if project is None else []) + ["run_id", "attempt"] + [h for h, _ in term_figures.COLUMNS]
+    rows, notes = [], []
+    for proj, run in runs:
+        found = term_figures.term_rows(store, proj, run)
+        for attempt in sorted({int(r["attempt"]) for r in found}):
+            summaries = term_figures.summarize([r for r in found if r["attempt"] == attempt])
+            rows += [((proj,) if project is None else ()) + (run, attempt) + term_figures.summary_row(t) for t in summaries]
+            note = term_figures.cost_note(summaries)
+            if note:
+                notes.append(f"{run} attempt {attempt}: {note}")
+    return columns, rows, "\n".join(notes)
 
 
 def run_status(store: Store, project: str | None) -> tuple[list[str], list[tuple]]:
@@ -58,6 +78,24 @@ def run_status(store: Store, project: str | None) -> tuple[list[str], list[tuple
                   'running') AS status,
                max(step_count) AS steps
         FROM {db}.steps FINAL {where} GROUP BY run_id, attempt ORDER BY run_id, attempt""", project)
+
+
+def per_run_figures(store: Store, project: str | None) -> tuple[list[str], list[tuple]]:
+    """Per attempt with a STEP event: the per-step figures summed up (rlpulse.sinks.views.step_figures: tokens,
+    median tokens/s and mean MFU over its last steps, steps with an MFU outside [0, 1]), each attempt's rows
+    read with the saved query step-throughput, so the report says what ``rlpulse query --saved`` and the run
+    page say. More per-step figure families add their summary columns here."""
+    _, attempts = _query(store, """
+        SELECT project, run_id, attempt FROM {db}.steps {where}
+        GROUP BY project, run_id, attempt HAVING countIf(type = 'STEP') > 0 ORDER BY project, run_id, attempt""", project)
+    labels = [label for _, label, _ in summary_figures(summarize([]))]
+    columns = (["project"] if project is None else []) + ["run_id", "attempt", "steps"] + labels
+    rows = []
+    for proj, run, attempt in attempts:
+        summary = summarize(throughput(store, proj, run, attempt))
+        rows.append(((proj,) if project is None else ()) + (run, attempt, summary.steps)
+                    + tuple(value for _, _, value in summary_figures(summary)))
+    return columns, rows
 
 
 def reward_histograms(store: Store, project: str | None) -> list[tuple[str, list[float], list[int]]]:
@@ -97,6 +135,21 @@ def print_report(store: Store, project: str | None = None) -> None:
     print_table(*failures_by_cause(store, project))
     print(f"\n== clipped ratio and reward per step ({scope}) ==")
     print_table(*step_figures(store, project))
+    print(f"\n== reward terms per run: share, grader calls, failures and their cost, judge tokens ({scope}) ==")
+    columns, rows, note = per_term_figures(store, project)
+    print_table(columns, rows)
+    if note:
+        print(terminal_safe(note))
+    print(f"\n== throughput and efficiency per run ({scope}) ==")
+    columns, rows = per_run_figures(store, project)
+    print_table(columns, rows)
+    note = out_of_range_note(sum(int(r[-1]) for r in rows))  # summary_figures' last: steps with an MFU outside [0, 1]
+    if note:
+        print(note)
+    print(f"\n== GPU time per run: GPUs held, GPU hours, energy ({scope}) ==")
+    print_table((["project"] if project is None else []) + ["run_id", "attempt", "gpus", "gpu_hours", "energy_kwh"],
+                [((g.project,) if project is None else ()) + (g.run_id, g.attempt, g.gpus, round(g.gpu_hours, 4),
+                  None if g.energy_kwh is None else round(g.energy_kwh, 4)) for g in gpu_time(store, project)])
     for run_id, bounds, counts in reward_histograms(store, project):
         print(f"\n== reward histogram, run {terminal_safe(str(run_id))} (all steps, term total) ==")
         print_histogram(bounds, counts)

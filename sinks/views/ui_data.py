@@ -2,8 +2,9 @@
 
 Where a saved query (``sinks/read/queries/*.sql``) answers a figure, the page runs that very query
 (:func:`saved`), so it shows what ``rlpulse query --saved NAME`` prints: clipped ratio per step
-(clipped-ratio-trend), reward percentiles, the trainer's metrics, the engines by step, a
-trajectory's span tree, how runs ended. Failures by step, term and cause are failures-by-step's
+(clipped-ratio-trend), reward percentiles, the trainer's metrics, the engines by step, tokens, tokens/s
+and MFU per step (step-throughput, whose STEP event times also place GPU samples and alerts on the step
+axis), a trajectory's span tree, how runs ended. Failures by step, term and cause are failures-by-step's
 rows read in a quarter of its time (:func:`failures_by_step`). The runs list is ``rlpulse watch``'s
 own snapshot (``rlpulse.sinks.views.watch.snapshot``). What no saved query gives (a step's rollouts
 grouped by sample, completion length percentiles, alerts and GPU samples placed on the step axis)
@@ -24,6 +25,8 @@ from typing import Any
 from rlpulse.sinks.read import queries
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.html_report import gpu_rows
+from rlpulse.sinks.views.step_figures import StepThroughput, throughput
+from rlpulse.sinks.views.term_figures import term_rows
 from rlpulse.sinks.views.trajectories import GRADING_KINDS, SAMPLE_SQL
 
 READ = {"readonly": 1}
@@ -89,6 +92,7 @@ class StepStats:
     samples: int
     samples_same_reward: int
     staleness_max: int | None
+    zero_std_fraction: float | None = None  # samples_same_reward / samples (TRL's frac_reward_zero_std)
 
 
 @dataclass
@@ -111,6 +115,9 @@ class RunData:
     marks: list[tuple[int, int]]  # (time_ns, step) of the attempt's STEP events: times onto the step axis
     alerts: list[tuple[int, str, str, str]]  # (time_ns, rule, state, summary)
     steps: list[int] = field(default_factory=list)  # every step with figures, ascending
+    # step-throughput's rows by step (tokens, tokens/s, MFU); more per-step figure families go beside it
+    throughput: dict[int, StepThroughput] = field(default_factory=dict)
+    terms: list[dict[str, Any]] = field(default_factory=list)  # term-figures' rows of this attempt
 
 
 def run_data(store: Store, project: str, run: str, attempt: int, wanted: list[str]) -> RunData:
@@ -120,10 +127,12 @@ def run_data(store: Store, project: str, run: str, attempt: int, wanted: list[st
     where = "project = {p:String} AND run_id = {r:String} AND attempt = {a:UInt32}"
     status = run_status(store, project, run, attempt)
     stats = {int(r[0]): StepStats(int(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4]), float(r[5]), int(r[6]),
-                                  int(r[7]), None if r[8] is None else int(r[8])) for r in rows(store, f"""
+                                  int(r[7]), None if r[8] is None else int(r[8]), None if r[9] is None else float(r[9]))
+             for r in rows(store, f"""
         SELECT step, argMax(rollouts, emitted_at_ns), argMax(clipped, emitted_at_ns), argMax(clipped_ratio, emitted_at_ns),
                argMax(reward_mean, emitted_at_ns), argMax(reward_std, emitted_at_ns), argMax(samples, emitted_at_ns),
-               argMax(samples_same_reward, emitted_at_ns), argMax(staleness_max, emitted_at_ns)
+               argMax(samples_same_reward, emitted_at_ns), argMax(staleness_max, emitted_at_ns),
+               argMax(zero_std_fraction, emitted_at_ns)
         FROM {{db}}.step_stats WHERE {where} GROUP BY step ORDER BY step""", **p)}
     hist = rows(store, f"""SELECT step, argMax(bounds, emitted_at_ns), argMax(bucket_counts, emitted_at_ns)
         FROM {{db}}.reward_histograms WHERE {where} AND term = 'total' GROUP BY step ORDER BY step""", **p)
@@ -141,8 +150,8 @@ def run_data(store: Store, project: str, run: str, attempt: int, wanted: list[st
     for r in metric_rows:
         if r["name"] in metrics:
             metrics[r["name"]].append((int(r["step"]), float(r["value"])))
-    marks = [(int(t), int(s)) for t, s in rows(store, f"""SELECT max(time_ns) AS t, step FROM {{db}}.steps
-        WHERE {where} AND type = 'STEP' GROUP BY step ORDER BY t""", **p)]
+    per_step = throughput(store, project, run, attempt)
+    marks = sorted((r.time_ns, r.step) for r in per_step)  # its rows are the steps' latest STEP events
     alerts = [(int(t), str(rule), str(state), str(summary)) for t, rule, state, summary in rows(store, f"""
         SELECT time_ns, rule, state, any(summary) FROM {{db}}.alerts
         WHERE ({where}) OR key IN (SELECT assumeNotNull(hw_id) FROM {{db}}.placements WHERE {where} AND hw_id IS NOT NULL)
@@ -155,8 +164,9 @@ def run_data(store: Store, project: str, run: str, attempt: int, wanted: list[st
         failures=failures_by_step(store, project, run, attempt),
         lengths=lengths, metric_names=names, metrics=metrics,
         engine=saved(store, "engine-by-step", run_id=run, attempt=attempt),
-        gpus=_gpus(store, run, attempt), marks=marks, alerts=alerts)
-    data.steps = sorted(set(stats) | {int(r["step"]) for r in data.trend} | set(data.heat))
+        gpus=_gpus(store, run, attempt), marks=marks, alerts=alerts, throughput={r.step: r for r in per_step},
+        terms=term_rows(store, project, run, attempt))
+    data.steps = sorted(set(stats) | {int(r["step"]) for r in data.trend} | set(data.heat) | set(data.throughput))
     return data
 
 

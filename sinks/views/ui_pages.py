@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlpulse.sinks.views import ui_charts as charts
 from rlpulse.sinks.views import ui_data as data
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.html_escape import esc
+from rlpulse.sinks.views.step_figures import gpu_time, out_of_range_note, summarize, summary_figures
+from rlpulse.sinks.views import term_figures
 from rlpulse.sinks.views.ui_html import ago, href, num, table, text, when
 from rlpulse.sinks.views.watch import snapshot
 from rlpulse.base.errors import Error
@@ -106,10 +109,35 @@ def run_page(store: Store, view: RunView, now_ns: int) -> str:
     figures = [("status", status.get("status")), ("steps done", status.get("steps")),
                ("last event", when(int(status["last_event"].timestamp() * 1e9)) if status.get("last_event") else None),
                ("steps with figures", len(d.steps))]
+    summary = summarize(list(d.throughput.values()))  # as the reports sum it up (rlpulse.sinks.views.step_figures)
+    if d.throughput:
+        figures += [(label, value) for key, label, value in summary_figures(summary) if key != "mfu-out-of-range"]
+    for g in gpu_time(store, view.project, view.run):  # seed 001's GPU time, from placements and samples
+        if g.attempt == attempt:
+            figures += [("GPUs", g.gpus), ("GPU hours", round(g.gpu_hours, 4)),
+                        ("energy kWh", None if g.energy_kwh is None else round(g.energy_kwh, 4))]
     head = '<div class="figures">' + "".join(
         f'<div class="figure" data-figure="{esc(k)}"><div class="label">{esc(k)}</div>'
         f'<div class="value">{text(num(v) if not isinstance(v, str) else v)}</div></div>' for k, v in figures) + "</div>"
-    return head + _run_form(view, d.metric_names, chosen) + _run_charts(d, axis, inside, chosen) + _steps_table(d, view)
+    note = out_of_range_note(summary.mfu_out_of_range)
+    if note:
+        head += f'<p class="muted mfu-out-of-range" data-steps="{summary.mfu_out_of_range}">{esc(note)}</p>'
+    return (head + _run_form(view, d.metric_names, chosen) + _run_charts(d, axis, inside, chosen) + _terms_table(d)
+            + _steps_table(d, view))
+
+
+def _terms_table(d: data.RunData) -> str:
+    """Each reward term over the run (term_figures.summarize: what the reports show), '' without terms."""
+    summaries = term_figures.summarize(d.terms)
+    if not summaries:
+        return ""
+    css = [attr.replace("_", "-") for _, attr in term_figures.COLUMNS]
+    body = "".join(f'<tr class="term" data-term="{esc(s.term)}">'
+                   + "".join(f'<td class="{c}">{num(v) if not isinstance(v, str) else text(v)}</td>'
+                             for c, v in zip(css, term_figures.summary_row(s))) + "</tr>" for s in summaries)
+    note = term_figures.cost_note(summaries)
+    return ("<h2>Reward terms</h2>" + table([h for h, _ in term_figures.COLUMNS], body, "terms")
+            + (f'<p class="muted">{esc(note)}</p>' if note else ""))
 
 
 def _run_form(view: RunView, names: Sequence[str], chosen: Sequence[str]) -> str:
@@ -150,13 +178,31 @@ def _run_charts(d: data.RunData, axis: charts.Axis, inside: set[int], chosen: Se
     lengths = charts.lines("completion-length", "Completion length per step (tokens): p50 / p90 / p99", axis,
                            {q: [(s, v[i]) for s, v in sorted(d.lengths.items()) if keep(s)]
                             for i, q in enumerate(("p50", "p90", "p99"))})
+    rate = [d.throughput[s] for s in sorted(d.throughput) if keep(s)]
+    tokens_per_s = charts.lines("throughput", "Throughput per step: tokens/s of the step", axis,
+                                {"tokens/s": [(r.step, r.tokens_per_s) for r in rate if r.tokens_per_s is not None]})
+    mfu = charts.lines("mfu", "MFU per step: model FLOPs utilization of the policy update (0..1)", axis,
+                       {"MFU": [(r.step, r.mfu) for r in rate if r.mfu is not None]}, y_range=(0.0, 1.0))
+    terms = sorted({str(r["term"]) for r in d.terms})
+    term_rows = [r for r in d.terms if keep(r["step"])]
+    shares = charts.lines("term-shares", "Reward terms per step: mean share (a failed score counts 0)", axis,
+                          {t: [(r["step"], float(r["share_mean"])) for r in term_rows if r["term"] == t and r["rollouts"]]
+                           for t in terms})
+    graders = charts.lines("grader-durations", "Grader calls per step: p90 duration (s) per term, failed calls included",
+                           axis, {t: [(r["step"], float(r["duration_p90_s"])) for r in term_rows
+                                      if r["term"] == t and r["graded"]] for t in terms})
     metric_charts = [charts.lines(f"metric-{i}", f"Trainer metric {name}", axis,
                                   {name: [(s, v) for s, v in d.metrics.get(name, []) if keep(s)]})
                      for i, name in enumerate(chosen)]
     eng = [r for r in d.engine if keep(r["step"])]
-    engine = charts.lines("engine", "Rollout engines per step: KV-cache usage max, awake share", axis,
-                          {k: [(r["step"], float(r[k])) for r in eng if r[k] is not None]
-                           for k in ("kv_cache_usage_max", "awake_share")}, y_range=(0.0, 1.0))
+    engine = charts.lines("engine", "Rollout engines per step: KV-cache usage max, awake share, prefix-cache hit rate",
+                          axis, {k: [(r["step"], float(r[k])) for r in eng if r.get(k) is not None]
+                                 for k in ("kv_cache_usage_max", "awake_share", "prefix_cache_hit_rate")},
+                          y_range=(0.0, 1.0))
+    engine_latency = charts.lines("engine-latency", "Rollout engines per step: request queue time and inter-token "
+                                  "latency, mean (s)", axis,
+                                  {k: [(r["step"], float(r[k])) for r in eng if r.get(k) is not None]
+                                   for k in ("queue_time_mean_s", "itl_mean_s")})
     engine_rate = charts.lines("engine-rate", "Rollout engines per step: generation tokens/s", axis,
                                {"generation tokens/s": [(r["step"], float(r["generation_tokens_per_s"])) for r in eng
                                                         if r["generation_tokens_per_s"] is not None]})
@@ -168,7 +214,51 @@ def _run_charts(d: data.RunData, axis: charts.Axis, inside: set[int], chosen: Se
                                 [(data.step_at(d.marks, t), rule, state, f"{when(t)} {rule} {state}: {summary}")
                                  for t, rule, state, summary in d.alerts])
     return ('<h2>Per step</h2><div class="charts">' + "".join(
-        [reward, heat, clipped, failures, lengths, *metric_charts, engine, engine_rate, gpu, gpu_power, alerts]) + "</div>")
+        [reward, heat, clipped, failures, shares, graders, lengths, tokens_per_s, mfu, *metric_charts, engine, engine_rate,
+         engine_latency, gpu, gpu_power, alerts]) + "</div>")
+
+
+@dataclass(frozen=True)
+class StepColumn:
+    """One column of a run's steps table: its heading, its cells' class (what a test or the browser finds
+    a figure by) and the figure at a step (None shows "–"). A new per-step figure is one more entry of
+    :func:`step_columns`, its values read into :class:`rlpulse.sinks.views.ui_data.RunData`."""
+
+    head: str
+    css: str
+    value: Callable[[int], Any]
+
+
+def step_columns(d: data.RunData) -> list[StepColumn]:
+    """The steps table's columns after the step, in order."""
+    trend = {int(r["step"]): r for r in d.trend}
+    pct = {int(r["step"]): r for r in d.percentiles}
+    fails: dict[int, int] = {}
+    for r in d.failures:
+        fails[int(r["step"])] = fails.get(int(r["step"]), 0) + int(r["failures"])
+
+    def of(rows: dict[int, dict[str, Any]], key: str) -> Callable[[int], Any]:
+        return lambda s: rows.get(s, {}).get(key)
+
+    def stat(name: str) -> Callable[[int], Any]:
+        return lambda s: getattr(d.stats[s], name) if s in d.stats else None
+
+    def rate(name: str) -> Callable[[int], Any]:
+        return lambda s: getattr(d.throughput[s], name) if s in d.throughput else None
+
+    return [
+        StepColumn("rollouts", "rollouts", of(trend, "rollouts")), StepColumn("clipped", "clipped", of(trend, "clipped")),
+        StepColumn("clipped ratio", "clipped-ratio", of(trend, "clipped_ratio")),
+        StepColumn("change", "change", of(trend, "change")),
+        StepColumn("reward mean", "reward-mean", stat("reward_mean")), StepColumn("reward std", "reward-std", stat("reward_std")),
+        *(StepColumn(q, q, of(pct, q)) for q in ("p10", "p50", "p90")),
+        StepColumn("samples", "samples", stat("samples")), StepColumn("same reward", "same-reward", stat("samples_same_reward")),
+        StepColumn("zero-std fraction", "zero-std", stat("zero_std_fraction")),
+        StepColumn("grader failures", "failures", lambda s: fails.get(s, 0)),
+        StepColumn("staleness max", "staleness", stat("staleness_max")),
+        StepColumn("tokens", "tokens", rate("tokens")), StepColumn("tokens/s", "tokens-per-s", rate("tokens_per_s")),
+        StepColumn("MFU", "mfu", rate("mfu")),
+    ]
 
 
 def _steps_table(d: data.RunData, view: RunView) -> str:
@@ -177,27 +267,14 @@ def _steps_table(d: data.RunData, view: RunView) -> str:
     pages = max(1, -(-len(steps) // STEPS_PER_PAGE))
     view.page = min(max(view.page, 1), pages)
     shown = steps[(view.page - 1) * STEPS_PER_PAGE: view.page * STEPS_PER_PAGE]
-    trend = {int(r["step"]): r for r in d.trend}
-    pct = {int(r["step"]): r for r in d.percentiles}
-    fails: dict[int, int] = {}
-    for r in d.failures:
-        fails[int(r["step"])] = fails.get(int(r["step"]), 0) + int(r["failures"])
+    columns = step_columns(d)
     body = []
     for s in shown:
-        st, tr, pc = d.stats.get(s), trend.get(s, {}), pct.get(s, {})
         link = href("/step", [("project", d.project), ("run", d.run), ("attempt", d.attempt), ("step", s)])
-        cells = [tr.get("rollouts"), tr.get("clipped"), tr.get("clipped_ratio"), tr.get("change"),
-                 st.reward_mean if st else None, st.reward_std if st else None, pc.get("p10"), pc.get("p50"), pc.get("p90"),
-                 st.samples if st else None, st.samples_same_reward if st else None, fails.get(s, 0),
-                 st.staleness_max if st else None]
-        names = ("rollouts", "clipped", "clipped-ratio", "change", "reward-mean", "reward-std", "p10", "p50", "p90",
-                 "samples", "same-reward", "failures", "staleness")
         body.append(f'<tr class="step" data-step="{s}"><td><a href="{link}">{s}</a></td>'
-                    + "".join(f'<td class="n {n}">{num(v)}</td>' for n, v in zip(names, cells)) + "</tr>")
-    head = ("step", "rollouts", "clipped", "clipped ratio", "change", "reward mean", "reward std", "p10", "p50", "p90",
-            "samples", "same reward", "grader failures", "staleness max")
+                    + "".join(f'<td class="n {c.css}">{num(c.value(s))}</td>' for c in columns) + "</tr>")
     pager = _pager("/run", view.params, view.page, pages)
-    return f"<h2>Steps ({len(steps)})</h2>" + pager + table(head, "".join(body), "steps") + pager
+    return f"<h2>Steps ({len(steps)})</h2>" + pager + table(["step"] + [c.head for c in columns], "".join(body), "steps") + pager
 
 
 def _pager(path: str, params: Callable[[int], list[tuple[str, object]]], page: int, pages: int) -> str:

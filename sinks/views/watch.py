@@ -8,7 +8,7 @@ What the view counts as an active run, and how each figure is taken:
 
 * A run is the latest attempt of a (project, run_id). It is shown when it reported (any step
   event: RUN_START, STEP, HEARTBEAT, RUN_END) in the last ``recent_s`` (10 min), or when a
-  ``stalled_run`` or ``silent_run`` alert of it is open whatever its age (a silent run stays
+  ``stalled_run``, ``first_step_stalled`` or ``silent_run`` alert of it is open whatever its age (a silent run stays
   on screen until it reports again or its alert resolves). ``show_all`` shows every run.
 * State: ENDED after a RUN_END, shown as its status (FINISHED, FAILED, CANCELLED; ENDED from an
   SDK before the status); else SILENT or STALLED while that alert is open (SILENT wins:
@@ -25,6 +25,8 @@ What the view counts as an active run, and how each figure is taken:
 * Open alerts: the latest record of each (rule, key) is FIRING (RESOLVED wins a tie of
   time_ns), as in the saved query ``stalled-runs``. An alert belongs to a run by its
   project/run_id/attempt, or, for GPU alerts keyed by ``hw_id``, by a GPU placed on the run.
+* Tokens/s: the throughput of the attempt's latest STEP event, as the saved query ``step-throughput``
+  takes it (none when not a finite number of 0 or more, or 0 without a duration).
 * Chosen trainer scalars (``--metric loss``): each one's value at the highest step that logged it
   (``step_metrics``).
 * GPUs: those placed on the attempt (``placements`` joined on ``hw_id``), with the latest
@@ -72,16 +74,19 @@ def open_alerts(store: Store, project: str | None = None) -> list[Alert]:
 
 
 def _attempts(store: Store, scope: str, now_ns: int, rate_ns: int, **params: Any) -> list[tuple]:
-    """Per attempt in scope: first/last report, ended, last step, as-of time (RUN_END or now), and
-    step_count at the as-of time and rate_ns before it."""
+    """Per attempt in scope: first/last report, ended, last step, as-of time (RUN_END or now),
+    step_count at the as-of time and rate_ns before it, RUN_END's status, and the tokens/s of the latest
+    STEP event (a tuple, so that a NULL one is that step's and not skipped for an earlier one)."""
     return _rows(store, f"""
         SELECT project, run_id, attempt, min(time_ns), max(time_ns), countIf(type = 'RUN_END') > 0,
                countIf(type = 'STEP') > 0, maxIf(step, type = 'STEP'), any(asof_ns),
                maxIf(step_count, time_ns <= asof_ns),
                countIf(time_ns <= asof_ns - {{rate_ns:Int64}}) > 0,
                maxIf(step_count, time_ns <= asof_ns - {{rate_ns:Int64}}),
-               argMaxIf(status, time_ns, type = 'RUN_END')
-        FROM (SELECT project, run_id, attempt, type, step, step_count, time_ns, status,
+               argMaxIf(status, time_ns, type = 'RUN_END'),
+               argMaxIf(tuple(if(isFinite(throughput) AND (throughput > 0 OR (throughput = 0 AND duration_s > 0)),
+                                 throughput, NULL)), time_ns, type = 'STEP').1
+        FROM (SELECT project, run_id, attempt, type, step, step_count, time_ns, status, throughput, duration_s,
                      if(countIf(type = 'RUN_END') OVER run > 0, minIf(time_ns, type = 'RUN_END') OVER run,
                         {{now:Int64}}) AS asof_ns
               FROM {{db}}.steps WHERE {scope}
@@ -160,7 +165,7 @@ def snapshot(store: Store, now_ns: int, project: str | None = None, show_all: bo
         return WatchSnapshot(store.url, store.database, now_ns, [], False, show_all, project, recent_s,
                              getattr(store, "endpoint", None), metrics)
     alerts = open_alerts(store, project)
-    stall_rules = {"stalled_run": "STALLED", "silent_run": "SILENT"}
+    stall_rules = {"stalled_run": "STALLED", "first_step_stalled": "STALLED", "silent_run": "SILENT"}
     stalls: dict[str, set[str]] = {}
     for a in alerts:
         if a.rule in stall_rules:
@@ -176,14 +181,15 @@ def snapshot(store: Store, now_ns: int, project: str | None = None, show_all: bo
         latest[(r[0], r[1])] = r
     runs = []
     for (proj, run_id, attempt, first_ns, last_ns, ended, stepped, step, asof_ns, count, has_before, before,
-         status) in latest.values():
+         status, tokens_per_s) in latest.values():
         key = f"{proj}/{run_id}/{attempt}"
         if not (show_all or last_ns >= since_ns or key in stalls):
             continue
         state = "ENDED" if ended else next((s for s in ("SILENT", "STALLED") if s in stalls.get(key, ())), "RUNNING")
         runs.append(RunLine(str(proj), str(run_id), int(attempt), state, int(step) if stepped else None, int(count),
                             _rate(first_ns, asof_ns, count, bool(has_before), before, rate_ns), None, None, None, 0,
-                            int(first_ns), int(last_ns), int(asof_ns), end_status=status if ended else None))
+                            int(first_ns), int(last_ns), int(asof_ns), end_status=status if ended else None,
+                            tokens_per_s=None if tokens_per_s is None else float(tokens_per_s)))
     keys = [r.key for r in runs]
     if runs:
         stats = _step_stats(store, keys)

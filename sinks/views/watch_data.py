@@ -55,6 +55,7 @@ class RunLine:
     alerts: list[Alert] = field(default_factory=list)
     end_status: str | None = None  # RUN_END's status (finished, failed, cancelled); None while running or unknown
     metrics: dict[str, float] = field(default_factory=dict)  # the chosen trainer scalars at their latest step
+    tokens_per_s: float | None = None  # of the latest STEP event (seed 001's step.throughput); None: none known
 
     @property
     def key(self) -> str:

@@ -10,7 +10,8 @@ the top level), so the live view follows a resized terminal and a test can draw 
 several widths.
 
 Run table: RUN STATE STEP STEPS/MIN REWARD CLIPPED FAIL always; then, as width allows, ALERTS,
-LAST, ATT, GPUS and PROJECT (shown in that order: RUN ATT STATE ... GPUS ALERTS LAST PROJECT).
+TOK/S (the latest step's tokens/s), LAST, ATT, GPUS and PROJECT (shown in that order: RUN ATT STATE ...
+FAIL TOK/S GPUS ALERTS LAST PROJECT).
 The run column holds the run id; the project is a column when it fits whole, else a section row
 heads each project's runs (grouped in the order of their most urgent run); with a single project
 the header names it instead. GPU table: RUN GPU UTIL POWER MEM; then SAMPLE (age) and HOST
@@ -158,23 +159,24 @@ def runs_table(snap: WatchSnapshot, width: int) -> Table:
     several = len(_projects(snap)) > 1
     cols = [
         Col("RUN", _texts(r.run_id for r in runs), cut="middle", floor=32),
-        Col("ATT", _texts(str(r.attempt) for r in runs), right=True, priority=3),
+        Col("ATT", _texts(str(r.attempt) for r in runs), right=True, priority=4),
         Col("STATE", [state_text(r) for r in runs]),
         Col("STEP", _texts("-" if r.step is None else str(r.step) for r in runs), right=True),
         Col("STEPS/MIN", _texts(_num(r.steps_per_min, ".1f") for r in runs), right=True),
         Col("REWARD", _texts(_num(r.reward_mean, ".3f") for r in runs), right=True),
         Col("CLIPPED", _texts(_num(r.clipped_ratio, ".1%") for r in runs), right=True),
         Col("FAIL", _texts(_num(r.failure_rate, ".1%") for r in runs), right=True),
-        Col("GPUS", _texts(str(len(r.gpus)) for r in runs), right=True, priority=4),
+        Col("TOK/S", _texts(_num(r.tokens_per_s, ".0f") for r in runs), right=True, priority=2),
+        Col("GPUS", _texts(str(len(r.gpus)) for r in runs), right=True, priority=5),
         Col("ALERTS", [Text(str(len(r.alerts)), style="bold red" if r.alerts else "") for r in runs], right=True,
             priority=1),
-        Col("LAST", _texts(age(snap.now_ns - r.last_ns) for r in runs), right=True, priority=2),
+        Col("LAST", _texts(age(snap.now_ns - r.last_ns) for r in runs), right=True, priority=3),
     ]
-    # the trainer scalars the user chose: as essential as the figures beside them
-    cols[8:8] = [Col(terminal_safe(name).upper(), _texts(_num(r.metrics.get(name), ".4g") for r in runs), right=True, cut="end")
+    # the trainer scalars the user chose: as essential as the figures beside them (after FAIL and TOK/S)
+    cols[9:9] = [Col(terminal_safe(name).upper(), _texts(_num(r.metrics.get(name), ".4g") for r in runs), right=True, cut="end")
                  for name in snap.metric_names]
     if several:
-        cols.append(Col("PROJECT", _texts(r.project for r in runs), priority=5))  # whole, or section rows
+        cols.append(Col("PROJECT", _texts(r.project for r in runs), priority=6))  # whole, or section rows
     shown = layout(cols, width)
     styles = ["dim" if r.state == "ENDED" else None for r in runs]
     rows: list[int | Text] = list(range(len(runs)))

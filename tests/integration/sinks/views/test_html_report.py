@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[4]
 CHROMIUM = "/usr/bin/chromium"
-CHARTS = ("reward-heatmap", "failures-by-cause", "clipped-ratio", "gpu-utilization", "gpu-power", "alerts-timeline")
+CHARTS = ("reward-heatmap", "failures-by-cause", "clipped-ratio", "throughput", "mfu", "gpu-utilization", "gpu-power",
+          "alerts-timeline")
 NS = 1_000_000_000
 BOUNDS = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1, 2, 5]
 STEPS = 6
@@ -58,6 +59,11 @@ def _seed(store_url: str) -> dict[str, int]:
              "reward_std": 0.1, "reward_min": 0.0, "reward_max": 1.0, "reward_zero_fraction": 0.1,
              "completion_mean": 100.0, "completion_min": 1, "completion_max": 200, "samples": 4,
              "samples_same_reward": 0, "sample_reward_spread_mean": 0.2, "complete": True, "emitted_at_ns": now + s}
+            for s in range(STEPS)])
+        _insert(c, "steps", [  # a STEP event per step: tokens/s and MFU for their charts (the last MFU out of [0, 1])
+            {**base, "stage": "train", "time_ns": now + s * NS, "type": "STEP", "trainer": "rl", "step": s,
+             "step_count": s + 1, "tokens": 1000, "duration_s": 2.0, "throughput": 500.0 + s,
+             "mfu": 1.5 if s == STEPS - 1 else 0.25, "dropped_events": 0, "writer_id": "w", "sequence_id": s + 1}
             for s in range(STEPS)])
         failures = []
         for w in range(4):
@@ -171,6 +177,9 @@ def test_html_report_renders_every_chart(tmp_path: Path) -> None:
     clipped = re.findall(r'<polyline class="series"[^>]*points="([^"]*)"', _chart(dom, "clipped-ratio"))
     assert len(clipped) == 1 and len(clipped[0].split()) == STEPS
     assert len(re.findall(r'<rect class="segment"', _chart(dom, "failures-by-cause"))) == expected["segments"]
+    for name, points in (("throughput", STEPS), ("mfu", STEPS - 1)):  # no MFU drawn for the one outside [0, 1]
+        [line] = re.findall(r'<polyline class="series"[^>]*points="([^"]*)"', _chart(dom, name))
+        assert len(line.split()) == points, name
     for name in ("gpu-utilization", "gpu-power"):
         lines = re.findall(r'<polyline class="series" data-series="([^"]*)"[^>]*points="([^"]*)"', _chart(dom, name))
         assert sorted(label.split()[-1] for label, _ in lines) == ["GPU-aaaa", "GPU-bbbb"], lines
@@ -197,6 +206,11 @@ def test_text_report_still_works(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "== rows per table" in done.stdout and "runA" in done.stdout
+    lines = done.stdout.split("== throughput and efficiency per run (all projects) ==\n")[1].splitlines()
+    # steps 0-5, 1000 tokens each at 500 + step tokens/s; MFU 0.25 but the last step's 1.5 (outside [0, 1])
+    assert re.split(r"\s{2,}", lines[0])[:4] == ["project", "run_id", "attempt", "steps"]
+    assert lines[2].split() == ["p", "runA", "2", "6", "6000", "502.5", "0.25", "1"]
+    assert lines[3] == "1 step reported an MFU outside [0, 1]: no MFU is shown for them, and the mean leaves them out."
 
 
 def test_empty_run_renders_no_data_notes(tmp_path: Path) -> None:

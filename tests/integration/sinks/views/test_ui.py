@@ -165,8 +165,13 @@ def test_run_page_charts_and_steps_equal_the_saved_queries(ran: Any) -> None:
     for r in by_cause:
         failures[r["step"]] = failures.get(r["step"], 0) + r["failures"]
     assert len(trend) == SIM.steps and sum(failures.values()) > 0
+    rates = {r["step"]: r for r in saved(settings, "step-throughput", run_id=RUN, attempt=1) if r["project"] == SIM.project}
+    assert sorted(rates) == [r["step"] for r in trend]
     for r in trend:
         row = page.locator(f'tr.step[data-step="{r["step"]}"]')
+        rate = rates[r["step"]]
+        assert {c: row.locator(f"td.{c}").inner_text() for c in ("tokens", "tokens-per-s", "mfu")} == {
+            "tokens": str(rate["tokens"]), "tokens-per-s": shown(rate["tokens_per_s"]), "mfu": shown(rate["mfu"])}
         got = {c: row.locator(f"td.{c}").inner_text() for c in ("rollouts", "clipped", "clipped-ratio", "change", "p10",
                                                                   "p50", "p90", "failures")}
         assert got == {"rollouts": str(r["rollouts"]), "clipped": str(r["clipped"]), "clipped-ratio": shown(r["clipped_ratio"]),

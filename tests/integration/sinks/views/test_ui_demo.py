@@ -33,8 +33,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.full]
 TOKEN = "ui-demo-test-" + "9c3a5f" * 6
 PROJECT = "uidemo"
 RUN = f"{PROJECT}-run1"  # the run the demo's engine samples belong to
-CHARTS = ("reward", "reward-heatmap", "clipped-ratio", "failures", "completion-length", "engine", "engine-rate",
-          "gpu-utilization", "gpu-power", "alerts")
+CHARTS = ("reward", "reward-heatmap", "clipped-ratio", "failures", "completion-length", "throughput", "mfu", "engine",
+          "engine-rate", "gpu-utilization", "gpu-power", "alerts")
 
 
 def saved(settings: Settings, name: str, **params: Any) -> list[dict[str, Any]]:

@@ -39,10 +39,12 @@ def _insert(client, table: str, rows: list[dict]) -> None:
     client.insert(f"rlpulse.{table}", [[r[c] for c in columns] for r in rows], column_names=columns)
 
 
-def _step(project: str, run_id: str, attempt: int, ago_s: float, type_: str, step: int, count: int) -> dict:
+def _step(project: str, run_id: str, attempt: int, ago_s: float, type_: str, step: int, count: int,
+          throughput: float = 0.0, duration_s: float = 0.0) -> dict:
     return {"project": project, "run_id": run_id, "attempt": attempt, "stage": "train", "time_ns": NOW - int(ago_s * NS),
-            "type": type_, "trainer": "rl", "step": step, "step_count": count, "tokens": 0, "duration_s": 0.0,
-            "throughput": 0.0, "mfu": None, "dropped_events": 0, "writer_id": "w1", "sequence_id": int(1e6 - ago_s)}
+            "type": type_, "trainer": "rl", "step": step, "step_count": count, "tokens": int(throughput * duration_s),
+            "duration_s": duration_s, "throughput": throughput, "mfu": None, "dropped_events": 0, "writer_id": "w1",
+            "sequence_id": int(1e6 - ago_s)}
 
 
 def _alert(rule: str, key: str, state: str, ago_s: float, run: tuple[str, str, int] = ("", "", 0),
@@ -87,13 +89,14 @@ def seed(url: str) -> None:
         steps += [_step("p", "alpha", 1, 590, "RUN_START", 0, 0), _step("p", "alpha", 1, 580, "STEP", 0, 1)]
         # alpha attempt 2, RUNNING: a step every 30 s from 480 s ago (steps 0..14, count 15 at 30 s ago), a
         # heartbeat 10 s ago. Rate window: the 300 s up to now; 300 s ago the count was 6, so 9 steps in
-        # 5 min = 1.8 a minute.
+        # 5 min = 1.8 a minute. Tokens/s 1000 + step: the latest STEP event's is step 14's, 1014.
         steps.append(_step("p", "alpha", 2, 480, "RUN_START", 0, 0))
-        steps += [_step("p", "alpha", 2, 480 - 30 * (k + 1), "STEP", k, k + 1) for k in range(15)]
+        steps += [_step("p", "alpha", 2, 480 - 30 * (k + 1), "STEP", k, k + 1, 1000.0 + k, 2.0) for k in range(15)]
         steps.append(_step("p", "alpha", 2, 180, "STEP", 9, 10))  # a replayed event: changes nothing
         steps.append(_step("p", "alpha", 2, 10, "HEARTBEAT", 14, 15))
-        # beta, STALLED: started 120 s ago, one step, heartbeats to 5 s ago: 1 step in 2 min = 0.5 a minute
-        steps += [_step("p", "beta", 1, 120, "RUN_START", 0, 0), _step("p", "beta", 1, 100, "STEP", 0, 1),
+        # beta, STALLED: started 120 s ago, one step, heartbeats to 5 s ago: 1 step in 2 min = 0.5 a minute;
+        # its step processed no token in 2 s: 0 tokens/s (delta's 0 has no duration: no figure)
+        steps += [_step("p", "beta", 1, 120, "RUN_START", 0, 0), _step("p", "beta", 1, 100, "STEP", 0, 1, 0.0, 2.0),
                   _step("p", "beta", 1, 60, "HEARTBEAT", 0, 1), _step("p", "beta", 1, 5, "HEARTBEAT", 0, 1)]
         # gamma, SILENT (its stall alert is open too: SILENT wins): last report 20 min ago, shown because of the
         # open alert; no step in the last 5 min: 0.0 a minute
@@ -166,7 +169,8 @@ def test_snapshot_figures(store_url: str) -> None:
     runs = {r.key: r for r in snap.runs}
     assert [r.key for r in snap.runs] == ["p/gamma/1", "p/beta/1", "p/alpha/2", "q/other/1", "p/delta/1"]
     alpha = runs["p/alpha/2"]
-    assert (alpha.state, alpha.step, alpha.step_count, alpha.steps_per_min) == ("RUNNING", 14, 15, 1.8)
+    assert (alpha.state, alpha.step, alpha.step_count, alpha.steps_per_min, alpha.tokens_per_s) == (
+        "RUNNING", 14, 15, 1.8, 1014.0)
     assert (alpha.reward_mean, alpha.clipped_ratio, alpha.failure_rate, alpha.graded) == (0.625, 0.25, 0.1, 80)
     assert [(g.hw_id, g.host, g.index, g.utilization, g.power_w, g.sample_ns) for g in alpha.gpus] == [
         ("GPU-a1", "h1", 0, 0.9, 312.4, NOW - 20 * NS)]
@@ -179,6 +183,7 @@ def test_snapshot_figures(store_url: str) -> None:
     assert sorted(a.rule for a in gamma.alerts) == ["silent_run", "stalled_run"]
     delta = runs["p/delta/1"]
     assert (delta.state, delta.step, delta.steps_per_min, delta.alerts) == ("ENDED", 1, 1.0, [])
+    assert (beta.tokens_per_s, gamma.tokens_per_s, delta.tokens_per_s) == (0.0, None, None)
     assert runs["q/other/1"].state == "RUNNING"
 
 
@@ -225,12 +230,13 @@ def test_render_lines(store_url: str) -> None:
     with open_store(store_url, owner="test") as store:
         text = _frame(snapshot(store, NOW))
     runs = text[:text.index("GPUs")]
-    assert _line(runs, "RUN") == ["RUN", "ATT", "STATE", "STEP", "STEPS/MIN", "REWARD", "CLIPPED", "FAIL", "GPUS",
-                                  "ALERTS", "LAST", "PROJECT"]
-    assert _line(runs, "alpha") == ["alpha", "2", "RUNNING", "14", "1.8", "0.625", "25.0%", "10.0%", "1", "2", "10s", "p"]
-    assert _line(runs, "beta") == ["beta", "1", "STALLED", "0", "0.5", "-", "-", "-", "0", "1", "5s", "p"]
-    assert _line(runs, "gamma") == ["gamma", "1", "SILENT", "2", "0.0", "-", "-", "-", "0", "2", "20m00s", "p"]
-    assert _line(runs, "delta") == ["delta", "1", "ENDED", "1", "1.0", "-", "-", "-", "0", "0", "3m00s", "p"]
+    assert _line(runs, "RUN") == ["RUN", "ATT", "STATE", "STEP", "STEPS/MIN", "REWARD", "CLIPPED", "FAIL", "TOK/S",
+                                  "GPUS", "ALERTS", "LAST", "PROJECT"]
+    assert _line(runs, "alpha") == ["alpha", "2", "RUNNING", "14", "1.8", "0.625", "25.0%", "10.0%", "1014", "1", "2", "10s",
+                                    "p"]
+    assert _line(runs, "beta") == ["beta", "1", "STALLED", "0", "0.5", "-", "-", "-", "0", "0", "1", "5s", "p"]
+    assert _line(runs, "gamma") == ["gamma", "1", "SILENT", "2", "0.0", "-", "-", "-", "-", "0", "2", "20m00s", "p"]
+    assert _line(runs, "delta") == ["delta", "1", "ENDED", "1", "1.0", "-", "-", "-", "-", "0", "0", "3m00s", "p"]
     assert _line(runs, "other")[-1] == "q"
     assert "5 runs (1 silent, 1 stalled, 2 running, 1 ended)" in text
     gpus = text[text.index("GPUs"):text.index("Open alerts")]
@@ -266,8 +272,8 @@ def _long_names(snap: WatchSnapshot) -> WatchSnapshot:
     return dataclasses.replace(snap, runs=runs)
 
 
-RUN_HEADINGS = ["RUN", "ATT", "STATE", "STEP", "STEPS/MIN", "REWARD", "CLIPPED", "FAIL", "GPUS", "ALERTS", "LAST",
-                "PROJECT"]
+RUN_HEADINGS = ["RUN", "ATT", "STATE", "STEP", "STEPS/MIN", "REWARD", "CLIPPED", "FAIL", "TOK/S", "GPUS", "ALERTS",
+                "LAST", "PROJECT"]
 GPU_HEADINGS = ["RUN", "GPU", "HOST", "UTIL", "POWER", "MEM", "SAMPLE"]
 ALERT_HEADINGS = ["RULE", "KEY", "SEVERITY", "FOR", "SUMMARY"]
 # the columns shown with the long names: the essential ones at 80, all at 200
@@ -313,6 +319,8 @@ def test_render_widths(store_url: str, width: int) -> None:
         assert [ln.split()[1] for ln in alerts[2:] if ln.strip()] == [
             "demo-20261203-150728…-grpo-qwen7b-gamma/1", "demo-20261203-150728…-grpo-qwen7b-gamma/1",
             "demo-20261203-150728/demo-…-alpha/2/judge", "demo-20261203-150728/…-grpo-qwen7b-beta/1", UUID], text
+    elif width == 120:  # every column but PROJECT: the ids cut in the middle, told apart by their end
+        assert "demo-20261203-150728-g…-qwen7b-gamma" in ids and gpus[2].split()[1] == UUID, text
     else:
         assert "demo-20261203-150728-grpo-qwen7b-gamma" in ids and gpus[2].split()[1] == UUID, text
     if width == 200:
@@ -427,7 +435,9 @@ def _check_final_screen(screen: str, truth) -> None:
         graded = sum(n for (rid, _t), n in truth.graded.items() if rid == run)
         failed = sum(n for (rid, _t, _c), n in truth.failures.items() if rid == run)
         assert line[1:4] == ["1", "FINISHED", "2"], line
-        assert line[6:9] == [f"{truth.clipped[(run, 2)] / SIM.rollouts_per_step:.1%}", f"{failed / graded:.1%}", "1"], line
+        assert line[6:8] + line[9:10] == [f"{truth.clipped[(run, 2)] / SIM.rollouts_per_step:.1%}",
+                                          f"{failed / graded:.1%}", "1"], line
+        assert line[8].isdigit() and int(line[8]) > 0, line  # TOK/S: the simulator's (test_step_throughput checks the value)
     silent = _line(runs, f"{PROJECT}-silent")
     assert silent[1:4] == ["1", "SILENT", "0"], silent
     gpus = screen[screen.index("GPUs"):]

@@ -125,6 +125,7 @@ def test_hostile_values_stay_one_literal_in_every_panel() -> None:
         ("failures-by-step", "run_id"), ("engine-by-step", "run_id"), ("engine-by-step", "attempt"),
         ("trace-calls", "run_id"), ("content-dropped", "run_id"), ("final-rewards", "run_id"),
         ("final-rewards", "attempt"), ("reward-spans", "run_id"), ("reward-spans", "attempt"), ("reward-spans", "rollout_id"),
+        ("step-throughput", "run_id"), ("step-throughput", "attempt"),
         ("term-figures", "run_id")}
     out = clickhouse(queries)
 

@@ -86,7 +86,23 @@ class _Result:
 class _Client:
     """Answers each query of print_report with hostile rows, as a store filled from raw topics would."""
 
-    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> _Result:
+    def query(self, sql: str, parameters: dict[str, Any] | None = None, settings: dict[str, Any] | None = None) -> _Result:
+        if "mfu_out_of_range" in sql:  # the saved query step-throughput of an attempt
+            return _Result(("project", "run_id", "attempt", "step", "time_ns", "tokens", "duration_s", "tokens_per_s", "mfu",
+                            "mfu_out_of_range"), [(PROJECT, RUN, 1, 0, 1, 100, 2.0, 50.0, None, 1)])
+        if "share_zero_fraction" in sql:  # the saved query term-figures of a run: a term is any writer's string
+            return _Result(("project", "attempt", "step", "term", "rollouts", "share_mean", "share_std",
+                            "share_zero_fraction", "graded", "failures", "failure_rate", "failure_cost", "duration_p50_s",
+                            "duration_p90_s", "duration_p99_s", "duration_max_s", "judge_input_tokens",
+                            "judge_output_tokens"),
+                           [(PROJECT, 1, 0, TERM, 4, 0.2, 0.1, 0.5, 4, 2, 0.5, None, 1.0, 2.0, 3.0, 3.0, 10, 2)])
+        if "DISTINCT project, run_id FROM rlpulse.step_term_stats" in sql:  # the runs with term figures
+            return _Result(("project", "run_id"), [(PROJECT, RUN)])
+        if "energy_kwh" in sql:  # the saved query gpu-time
+            return _Result(("project", "run_id", "attempt", "gpus", "gpu_seconds", "gpu_hours", "held_from", "held_to",
+                            "energy_gpus", "energy_kwh"), [(PROJECT, RUN, 1, 2, 3600.0, 1.0, None, None, 0, None)])
+        if "HAVING countIf(type = 'STEP')" in sql:  # the attempts the per-run figures are of
+            return _Result(("project", "run_id", "attempt"), [(PROJECT, RUN, 1)])
         if "count()" in sql:
             return _Result(("count()",), [(2,)])
         if "grader_failures" in sql:
@@ -118,6 +134,8 @@ def test_report_prints_hostile_rows_and_headings_escaped(capsys: pytest.CaptureF
         assert shown in out
     assert f"== reward histogram, run {SHOWN[0]} (all steps, term total) ==" in out
     assert f"== alerts (project {SHOWN[1]}) ==" in out
+    assert f"== throughput and efficiency per run (project {SHOWN[1]}) ==" in out
+    assert "1 step reported an MFU outside [0, 1]: no MFU is shown for them, and the mean leaves them out." in out
     assert not any(line.startswith("FAKE ROW") for line in out.splitlines())
 
 
