@@ -296,6 +296,8 @@ def type_check(avro_type: Any) -> Check:
             kind = next((name for t, name in _BRANCHES.items() if isinstance(value, t)), None)
             if kind == "long" and "long" not in branches and "double" in branches:
                 kind = "double"
+            if kind == "string" and "string" not in branches and "enum" in branches:  # an enum's symbol is a str
+                kind = "enum"
             if isinstance(value, Mapping):
                 kind = "map"
             check = branches.get(kind) if kind else None

@@ -93,8 +93,10 @@ def test_staleness_per_step_and_the_alert(ran: tuple[Settings, int]) -> None:
     stats = rows(ran[0], "SELECT step, rollouts, clipped_ratio, staleness_max, staleness_mean FROM $db.step_stats FINAL "
                       "WHERE project = 'tr' ORDER BY step")
     assert stats == [(0, 2, 0.5, 0, 0.0), (1, 2, 0.5, 0, 0.0), (6, 2, 0.5, 6, 6.0)]
-    assert rows(ran[0], "SELECT rule, state, value, threshold FROM $db.alerts FINAL WHERE project = 'tr' "
-                        "AND rule = 'policy_stale'") == [("policy_stale", "FIRING", 6.0, 4.0)]
+    # it fires at the stale step, and resolves when the run ends (its last step was the stale one)
+    assert rows(ran[0], "SELECT rule, state, value, threshold, position(summary, 'run ended') > 0 FROM $db.alerts FINAL "
+                        "WHERE project = 'tr' AND rule = 'policy_stale' ORDER BY state") == [
+        ("policy_stale", "FIRING", 6.0, 4.0, False), ("policy_stale", "RESOLVED", 6.0, 4.0, True)]
 
 
 def test_a_grader_that_raised_has_no_score_and_its_own_times(ran: tuple[Settings, int]) -> None:
