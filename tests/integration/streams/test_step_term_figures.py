@@ -130,6 +130,9 @@ def test_the_run_page_and_the_reports_show_each_terms_figures(published: Setting
     done = subprocess.run([sys.executable, "-m", "rlpulse.cli", "report", "terms", "--html", str(out)],
                           env=settings_env(published), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    row = re.search(r'<tr data-term="judge">(.*?)</tr>', out.read_text()).group(1)
+    html = out.read_text()
+    svg = re.search(r'<svg data-chart="term-shares".*?</svg>', html, re.S).group(0)
+    assert sorted(re.findall(r'<polyline class="series" data-series="([^"]*)"', svg)) == ["format", "judge"]
+    row = re.search(r'<tr data-term="judge">(.*?)</tr>', html).group(1)
     assert re.findall(r"<td>([^<]*)</td>", row) == ["judge", "1", str(t["share_mean"]), str(t["share_std"]), "4", "2",
                                                     "0.8", "30.0", "310", "12"]
