@@ -167,7 +167,12 @@ def _print_signals(settings: Settings, project: str, traced: Any, engines: int, 
             print(f"  {'  ' * int(r['depth'])}{r['kind']:<8} {r['name']}  {r['duration_ms']:.0f} ms  {r['status']}")
         engine = store.client.query(f"""
             SELECT pod, count() AS samples, max(requests_waiting) AS max_waiting, round(max(kv_cache_usage), 3) AS max_kv,
-                   round(avg(awake), 3) AS awake_share, round(quantile(0.5)(ttft_p90_s), 3) AS ttft_p90_s
+                   round(avg(awake), 3) AS awake_share, round(quantile(0.5)(ttft_p90_s), 3) AS ttft_p90_s,
+                   -- hits over lookups of the whole run: each sample's rate weighted by its lookups
+                   round(sum(prefix_cache_hit_rate * prefix_cache_queries) / sum(prefix_cache_queries), 3)
+                       AS prefix_cache_hit_rate,
+                   round(sum(queue_time_mean_s * queue_time_count) / sum(queue_time_count), 4) AS queue_time_mean_s,
+                   round(sum(itl_mean_s * itl_count) / sum(itl_count), 4) AS itl_mean_s
             FROM {store.database}.engine_samples FINAL WHERE project = {{p:String}} GROUP BY pod ORDER BY pod""",
             parameters={"p": project})
         print(f"\n== rollout engines of project {project} (engine_samples) ==")
