@@ -11,6 +11,8 @@ import pytest
 from rlpulse.producers import InMemoryTransport, TrainingTelemetry
 from rlpulse.base.settings import Settings
 
+pytestmark = pytest.mark.full  # make test sits at its 6-minute limit
+
 SETTINGS = Settings.load({"RLPULSE_TOPIC_PREFIX": "q"})
 
 
