@@ -19,6 +19,8 @@ UNKNOWN_CAUSE = "unknown"  # an outcome outside the contract still counts as a f
 MAX_SAMPLES = 4096  # distinct sample ids kept per step; more are counted in samples_dropped, not kept
 MAX_TERMS = 64  # the SDK's cap on distinct reward terms per run; more are counted in terms_dropped
 MAX_NAME = 256  # the SDK's cap on ids and names; a longer term or sample id from another writer is not kept
+MAX_JUDGE_TOKENS = 2**40  # a judge's tokens in one reply beyond this are not a count: left out of the sums
+MAX_SUM = 2**63 - 1  # an Avro long
 
 
 class StepFigures:
@@ -134,7 +136,6 @@ class StepFigures:
 
     def add_grader(self, span: dict[str, Any]) -> None:
         """One grader call of the step (a GRADER span naming the step and a term the run keeps)."""
-        self._dicts = None
         term = span["term"]
         calls = self.graders.get(term)
         if calls is None:
@@ -217,13 +218,16 @@ class StepFigures:
             h = self.hist.get(term) or RewardHistogram()
             calls = self.graders.get(term) or GraderWindow()
             failures = calls.failures
-            scored = h.count - failures  # a failed score is in the shares as 0 (seed 001)
+            # A failed score is in the shares as 0 (seed 001), so at most h.zeros of them are; a call
+            # that failed and was retried to a score is a failure that cost nothing.
+            failed_zero = min(failures, h.zeros)
+            scored = h.count - failed_zero
             out.append({
                 **ident, "step": step, "term": term, "rollouts": h.count, "share_mean": h.mean, "share_std": h.std,
                 "share_zero_fraction": h.zero_fraction, "graded": calls.graded, "failures": failures,
                 "failure_rate": failures / calls.graded if calls.graded else 0.0,
                 # what the failed scores would have added at the mean share of the rollouts the term did score
-                "failure_cost": failures * h.sum / scored if scored > 0 else (0.0 if not failures else None),
+                "failure_cost": failed_zero * h.sum / scored if scored > 0 else (0.0 if not failed_zero else None),
                 **calls.duration_figures(), "judge_input_tokens": calls.input_tokens,
                 "judge_output_tokens": calls.output_tokens, "emitted_at_ns": emitted_at_ns})
         return out
@@ -261,12 +265,14 @@ class GraderWindow:
         self._durations_dict = None
         self.graded += 1
         self.durations.add(max(span["end_time_ns"] - span["start_time_ns"], 0) / NS)
+        # Another writer's count outside (0, MAX_JUDGE_TOKENS] adds nothing (the raw span keeps it), and
+        # the sums stop at MAX_SUM: a Kafka record must never make a figure that cannot be encoded.
         tokens = span.get("judge_input_tokens")
-        if tokens is not None and tokens > 0:  # a negative count from another writer adds nothing
-            self.input_tokens += tokens
+        if tokens is not None and 0 < tokens <= MAX_JUDGE_TOKENS:
+            self.input_tokens = min(self.input_tokens + tokens, MAX_SUM)
         tokens = span.get("judge_output_tokens")
-        if tokens is not None and tokens > 0:
-            self.output_tokens += tokens
+        if tokens is not None and 0 < tokens <= MAX_JUDGE_TOKENS:
+            self.output_tokens = min(self.output_tokens + tokens, MAX_SUM)
         outcome = span.get("outcome") or "ok"
         if outcome != "ok":
             cause = outcome if outcome in CAUSES else UNKNOWN_CAUSE

@@ -193,25 +193,27 @@ class RunProcessor:
             mark[1] = now_ns
 
     def _grader(self, run: Run, span: dict[str, Any]) -> None:
-        start = span["time_ns"] - span["time_ns"] % self.size_ns
         term = span["term"]
+        if term not in run.terms:  # a short list (at most max_terms)
+            if len(run.terms) >= self.config.max_terms or len(term) > self.config.max_name:
+                self._refuse_term(run, term)
+                return
+            run.terms.append(term)
+        # The step's own figures first: grader calls held until their step completes (the SDK's
+        # grader_calls="step") may reach a window already retired, while their step is still open.
+        if span.get("step") is not None:
+            figures = self._step_of(run, span, moves_steps=False)
+            if figures is not None:
+                figures.add_grader(span)
+        start = span["time_ns"] - span["time_ns"] % self.size_ns
         key = f"{span['attempt']}|{term}|{start}"
         window = run.windows.get(key)
         if window is None:
             if start <= run.retired_windows.get(str(span["attempt"]), -1):
                 self._late(run, "grader span", key)
                 return
-            if term not in run.terms:  # checked once per new window, not per span
-                if len(run.terms) >= self.config.max_terms or len(term) > self.config.max_name:
-                    self._refuse_term(run, term)
-                    return
-                run.terms.append(term)
             window = run.windows[key] = GraderWindow()
         window.add(span)
-        if span.get("step") is not None:  # the step's own figures of the term (seed 001: per step and term)
-            figures = self._step_of(run, span)
-            if figures is not None:
-                figures.add_grader(span)
 
     def _rollout(self, run: Run, span: dict[str, Any]) -> None:
         # The SDK refuses a NaN reward or a negative length at the call; another writer's must
@@ -231,8 +233,12 @@ class RunProcessor:
         if figures is not None:
             figures.add_failed(span)
 
-    def _step_of(self, run: Run, span: dict[str, Any]) -> StepFigures | None:
-        """The figures of the rollout span's step, opened if new; None (counted late) for a retired step."""
+    def _step_of(self, run: Run, span: dict[str, Any], moves_steps: bool = True) -> StepFigures | None:
+        """The figures of the span's step, opened if new; None (counted late) for a retired step.
+
+        ``moves_steps`` False (a grader call): the span says nothing about the run's progress through
+        its steps, so it neither ends earlier steps nor raises the attempt's highest step; a grader
+        span naming a far step cannot close the run's open steps early."""
         attempt, step = str(span["attempt"]), span["step"]
         key = f"{attempt}|{step}"
         figures = run.steps.get(key)
@@ -242,7 +248,7 @@ class RunProcessor:
                 return None
             figures = run.steps[key] = StepFigures()
             figures.end_ns = run.step_ends.pop(key, None)
-        if step > run.max_step.get(attempt, -1):
+        if moves_steps and step > run.max_step.get(attempt, -1):
             # a later step began: every earlier open step of the attempt has ended by this rollout's time
             run.max_step[attempt] = step
             for k, f in run.steps.items():
@@ -256,7 +262,11 @@ class RunProcessor:
         attempt = str(event["attempt"])
         # An attempt older than the newest one seen was superseded (its stall tracking ended when
         # the newer one reported): a straggler of it must not start a new, never-resolved episode.
-        alerts = stalls.observe(event, now_ns) if event["attempt"] >= run.latest_attempt else []
+        # Nor may a report after the attempt's RUN_END (another rank's heartbeat racing its close, or
+        # any writer): it would track the ended attempt again, and its alerts would fire and resolve
+        # ("run ended") over and over.
+        late = event["attempt"] < run.latest_attempt or (event["attempt"] in run.ended and event["type"] != "RUN_END")
+        alerts = [] if late else stalls.observe(event, now_ns)
         run.latest_attempt = max(run.latest_attempt, event["attempt"])
         if event["type"] == "STEP":
             key = f"{attempt}|{event['step']}"
@@ -382,7 +392,7 @@ class RunProcessor:
         size, late = self.size_ns, self.lateness_ns
         for key in sorted(run.windows, key=_window_order):
             w = run.windows[key]
-            attempt, term, start = key.split("|")
+            attempt, term, start = _window_parts(key)
             start_ns = int(start)
             due = idle or (progress is not None and progress >= start_ns + size + late)
             if not w.closed and due:
@@ -420,7 +430,7 @@ class RunProcessor:
 
     @staticmethod
     def _retire_window(run: Run, key: str) -> None:
-        attempt, _, start = key.split("|")
+        attempt, _, start = _window_parts(key)
         del run.windows[key]
         run.retired_windows[attempt] = max(run.retired_windows.get(attempt, -1), int(start))
 
@@ -450,9 +460,9 @@ class RunProcessor:
     @staticmethod
     def _newest_window(run: Run, attempt: int, term: str, start_ns: int) -> bool:
         """No closed window of the same attempt and term starts after ``start_ns``."""
-        prefix = f"{attempt}|{term}|"
-        return not any(k.startswith(prefix) and int(k[len(prefix):]) > start_ns and w.closed
-                       for k, w in run.windows.items())
+        a, t = str(attempt), term
+        return not any(w.closed and parts[0] == a and parts[1] == t and int(parts[2]) > start_ns
+                       for parts, w in ((_window_parts(k), w) for k, w in run.windows.items()))
 
     def _emit_step(self, run: Run, attempt: int, step: int, f: StepFigures, now_ns: int, first: bool) -> list[Output]:
         f.dirty = False
@@ -481,8 +491,15 @@ def often(before: int, after: int) -> bool:
     return before == 0 < after or len(str(after)) > len(str(before))
 
 
+def _window_parts(key: str) -> tuple[str, str, str]:
+    """(attempt, term, start) of a window key ``attempt|term|start``: a term may itself hold "|"."""
+    attempt, rest = key.split("|", 1)
+    term, start = rest.rsplit("|", 1)
+    return attempt, term, start
+
+
 def _window_order(key: str) -> tuple[int, int, str]:
-    attempt, term, start = key.split("|")
+    attempt, term, start = _window_parts(key)
     return int(start), int(attempt), term
 
 

@@ -242,13 +242,19 @@ def interval(prev: Reading | None, cur: Reading, dt_s: float | None) -> Interval
     resets += reset_q + reset_h
     if reset_q != reset_h and queries is not None and hits is not None:  # one went down: the engine restarted
         queries, hits = cur.counters[queries_name], cur.counters[hits_name]
-    hit_rate = hits / queries if queries and hits is not None else None
+    # a scrape is another process's text: a rate outside [0, 1] or a count beyond an Avro long is no figure
+    hit_rate = hits / queries if queries and hits is not None and 0 <= hits <= queries else None
+    if queries is not None and not 0 <= queries <= MAX_COUNT:
+        queries, hit_rate = None, None
     histograms = dict(none)
     for name, source in ((TTFT, TTFT), (QUEUE_TIME, QUEUE_TIME),
                          (ITL, ITL if ITL in cur.buckets or ITL in cur.totals else ITL_OLD)):
         histograms[name], reset = _distribution(prev, cur, source)
         resets += reset
     return Interval(rates, histograms, resets, None if queries is None else int(round(queries)), hit_rate)
+
+
+MAX_COUNT = 2**63 - 1  # an Avro long
 
 
 def _distribution(prev: Reading, cur: Reading, name: str) -> tuple[Distribution, bool]:
@@ -281,4 +287,6 @@ def _distribution(prev: Reading, cur: Reading, name: str) -> tuple[Distribution,
             count = int(round(total_deltas["count"]))
         if total_deltas["count"] > 0:
             mean = total_deltas["sum"] / total_deltas["count"]
+    if count is not None and not 0 <= count <= MAX_COUNT:  # not a count an engine observed: no figure
+        count, quantiles, mean = None, (None,) * len(QUANTILES), None
     return Distribution(count, quantiles, mean), reset

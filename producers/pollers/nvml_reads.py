@@ -190,7 +190,8 @@ class NvmlReader:
             try:
                 m = nv.nvmlDeviceGetMemoryInfo(handle, version=version)
                 return int(m.total), int(m.used), int(m.reserved)
-            except self._absent as exc:
+            except self._error as exc:  # any NVML error of the v2 call (NotSupported, a version mismatch):
+                # v1 still answers, and one v2 error must not cost every sample of the GPU
                 self._lacks.add((index, "memory v2"))
                 log.info("GPU %d (%s): no NVML memory v2 (%s); memory from v1, whose used includes the "
                          "driver's reserved memory", index, uuid, exc)

@@ -132,7 +132,7 @@ def run_data(store: Store, project: str, run: str, attempt: int, wanted: list[st
         SELECT step, argMax(rollouts, emitted_at_ns), argMax(clipped, emitted_at_ns), argMax(clipped_ratio, emitted_at_ns),
                argMax(reward_mean, emitted_at_ns), argMax(reward_std, emitted_at_ns), argMax(samples, emitted_at_ns),
                argMax(samples_same_reward, emitted_at_ns), argMax(staleness_max, emitted_at_ns),
-               argMax(zero_std_fraction, emitted_at_ns)
+               argMax(tuple(zero_std_fraction), emitted_at_ns).1
         FROM {{db}}.step_stats WHERE {where} GROUP BY step ORDER BY step""", **p)}
     hist = rows(store, f"""SELECT step, argMax(bounds, emitted_at_ns), argMax(bucket_counts, emitted_at_ns)
         FROM {{db}}.reward_histograms WHERE {where} AND term = 'total' GROUP BY step ORDER BY step""", **p)

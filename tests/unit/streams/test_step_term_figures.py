@@ -13,6 +13,7 @@ import statistics
 import pytest
 
 from rlpulse.streams.runs import RunConfig
+from rlpulse.streams.stage import load_state
 from rlpulse.streams.testing import NS, Harness
 
 pytestmark = pytest.mark.full
@@ -118,3 +119,56 @@ def test_grader_calls_held_until_their_step_completes_are_judged_in_the_newest_w
     assert [a[2] for a in h.alerts()] == ["FIRING", "RESOLVED"]
     first = [w for w in h.emissions("grader-windows") if w["window_start_ns"] == T0][-1]
     assert (first["graded"], first["failures"]) == (7, 5)  # its figures still count every call
+
+
+def test_hostile_grader_spans_neither_crash_nor_move_the_run() -> None:
+    """Token counts no judge reports stay out of the sums (an Avro long must hold them), a term with "|"
+    in its name is a term like any other, and a grader span naming a far step closes no open step."""
+    h = Harness(CONFIG)
+    t = T0 + NS
+    h.feed("spans", [
+        {**grader(1, "ok", 1), "judge_input_tokens": 2**62, "judge_output_tokens": 7},
+        {**grader(1.5, "ok", 2), "judge_input_tokens": 2**62, "judge_output_tokens": -5},
+        {**grader(2, "ok", 3), "term": "fmt|strict", "judge_input_tokens": 11},
+        {**grader(2.5, "ok", 4, step=9)},  # says nothing of where the run is
+        {**IDENT, "time_ns": t + 2 * NS, "kind": "ROLLOUT", "step": 0, "rollout_id": "a", "reward": 0.5,
+         "term_shares": {"judge": 0.5}, "sequence_id": 5}])
+    [run] = h.table.values()
+    assert load_state(run)["steps"]["1|0"]["end_ns"] is None  # step 0 is still open: step 9's grader did not end it
+    h.feed("steps", [{**IDENT, "time_ns": t + 9 * NS, "type": "RUN_END", "trainer": "rl", "step": 0, "step_count": 1,
+                      "sequence_id": 1, "spans_sent": 5}])
+    h.advance(10)
+    terms = h.latest("step-terms")
+    judge = terms[("p", "r1", 1, 0, "judge")]
+    assert (judge["graded"], judge["judge_input_tokens"], judge["judge_output_tokens"]) == (2, 0, 7)
+    assert terms[("p", "r1", 1, 0, "fmt|strict")]["judge_input_tokens"] == 11
+    assert {w["term"] for w in h.emissions("grader-windows")} == {"judge", "fmt|strict"}
+
+
+def test_a_failed_call_retried_to_a_score_costs_nothing() -> None:
+    h = Harness(CONFIG)
+    spans = [grader(1, "timeout", 1), grader(2, "ok", 2), grader(3, "ok", 3)]  # rollout a: a timeout, then a score
+    spans += [{**IDENT, "time_ns": T0 + (5 + i) * NS, "kind": "ROLLOUT", "step": 0, "rollout_id": rid, "reward": 1.0,
+               "term_shares": {"judge": 1.0}, "sequence_id": 4 + i} for i, rid in enumerate(("a", "b"))]
+    h.feed("spans", spans)
+    h.feed("steps", [{**IDENT, "time_ns": T0 + 9 * NS, "type": "RUN_END", "trainer": "rl", "step": 0, "step_count": 1,
+                      "sequence_id": 1, "spans_sent": 5}])
+    h.advance(10)
+    judge = h.latest("step-terms")[("p", "r1", 1, 0, "judge")]
+    assert (judge["graded"], judge["failures"], judge["failure_cost"]) == (3, 1, 0.0)
+
+
+def test_reports_after_run_end_track_nothing_and_raise_no_alert() -> None:
+    """Another rank's heartbeat racing its job's close arrives after RUN_END: the ended attempt is not
+    tracked again (its silence would fire silent_run, and run-end would resolve it, over and over)."""
+    config = RunConfig(window_s=10, lateness_s=2, idle_s=5, retention_s=30, stall_after_s=900, silent_after_s=3)
+    h = Harness(config)
+    h.feed("steps", [{**IDENT, "time_ns": T0, "type": "RUN_START", "trainer": "rl", "step": -1, "step_count": 0,
+                      "sequence_id": 1},
+                     {**IDENT, "time_ns": T0 + NS, "type": "RUN_END", "trainer": "rl", "step": 0, "step_count": 1,
+                      "sequence_id": 2},
+                     {**IDENT, "writer_id": "rank1", "time_ns": T0 + 2 * NS, "type": "HEARTBEAT", "trainer": "rl",
+                      "step": 0, "step_count": 1, "sequence_id": 1}])
+    h.advance(60)
+    assert h.alerts() == []
+    assert not h.table  # nothing of the run is tracked any more: its state expired

@@ -212,3 +212,18 @@ def test_parse_reads_the_new_figures_and_rays_names_for_them() -> None:
     assert e0.buckets == {QUEUE_TIME: {1.0: 3.0, INF: 4.0}}
     assert e0.totals == {QUEUE_TIME: {"sum": 2.5, "count": 4.0}, ITL_OLD: {"count": 9.0}}
     assert parsed.ignored == 2  # TTFT's sum (its mean is not a figure) and the per-request TPOT
+
+
+def test_a_hostile_scrape_gives_no_rate_above_1_and_no_count_beyond_a_long() -> None:
+    more_hits = interval(Reading("0", counters={PREFIX_QUERIES: 100, PREFIX_HITS: 0}),
+                         Reading("0", counters={PREFIX_QUERIES: 200, PREFIX_HITS: 500}), 1.0)
+    assert (more_hits.prefix_cache_queries, more_hits.prefix_cache_hit_rate) == (100, None)  # 500 hits of 100 lookups
+    huge = interval(Reading("0", counters={PREFIX_QUERIES: 0, PREFIX_HITS: 0}),
+                    Reading("0", counters={PREFIX_QUERIES: 1e20, PREFIX_HITS: 1e19}), 1.0)
+    assert (huge.prefix_cache_queries, huge.prefix_cache_hit_rate) == (None, None)
+    q0, qt0 = histogram({1.0: 0, INF: 0}, 0.0)
+    q1, qt1 = histogram({1.0: 1e20, INF: 1e20}, 1e20)
+    got = interval(Reading("0", buckets={QUEUE_TIME: q0}, totals={QUEUE_TIME: qt0}),
+                   Reading("0", buckets={QUEUE_TIME: q1}, totals={QUEUE_TIME: qt1}), 1.0)
+    queue = got.histograms[QUEUE_TIME]
+    assert (queue.count, queue.mean, set(queue.quantiles)) == (None, None, {None})

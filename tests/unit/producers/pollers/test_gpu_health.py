@@ -15,6 +15,7 @@ from rlpulse.producers.sdk.sender import Outgoing
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.gpu_health import THROTTLE_REASONS, throttle_reason_names, xid_class
 from rlpulse.streams.alerting import MEANING, AlertBook, hardware
+from tests import fake_nvml
 from tests.fake_nvml import FakeNvml, NVMLError_GpuIsLost
 
 pytestmark = pytest.mark.full
@@ -122,6 +123,24 @@ def test_driver_without_memory_v2_falls_back_to_v1_once(caplog):
     assert fake.calls[("nvmlDeviceGetMemoryInfo_v2", 0)] == 1 and fake.calls[("nvmlDeviceGetMemoryInfo", 0)] == 3
     lines = [r for r in caplog.records if "memory v2" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO
+
+
+def test_any_nvml_error_of_memory_v2_falls_back_to_v1(monkeypatch):
+    """A driver between versions answers the v2 call with another NVML error (pynvml's
+    NVMLError_ArgumentVersionMismatch, say): v1 still gives every sample of that GPU."""
+    fake = FakeNvml(["GPU-a"])
+    fake.push(0, mem_used=30 * GiB, mem_reserved=2 * GiB, mem_total=80 * GiB)
+    v1 = fake.nvmlDeviceGetMemoryInfo
+
+    def mismatched(handle, version=None):
+        if version:
+            raise fake_nvml.NVMLError(25)  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        return v1(handle)
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetMemoryInfo", mismatched)
+    poller, _ = make(fake)
+    [record] = exported(poller, samples=2)
+    assert (record["memory_used_bytes"], record["memory_reserved_bytes"]) == (32 * GiB, None)
 
 
 def test_optional_figures_filled_or_null_per_gpu_capability(caplog):
