@@ -27,7 +27,7 @@ from rlpulse.base.settings import Settings
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.topics import read_topic
 from rlpulse.sinks.store.clickhouse import open_store
-from rlpulse.streams.alerting import AlertBook, grader_failure_rate, step_rules
+from rlpulse.streams.alerting import AlertBook, end_attempt, grader_failure_rate, step_rules
 from rlpulse.streams.histograms import RewardHistogram
 from tests.integration import until
 
@@ -223,6 +223,8 @@ def expected(jobs: list[Job], settings: Settings) -> dict[str, Any]:
             alerts += grader_failure_rate(book, window, settings.alerts, now_ns=0)
         for (term, cause, start), n in t.failures.items():
             out["failures"][(run, term, cause, start)] = n
+        # the job ended (RUN_END) after all of the above: what is still open resolves, "run ended"
+        alerts += end_attempt(book, PROJECT, run, 1, now_ns=0)
     out["alerts"] = sorted((a["rule"], a["key"], a["state"], a["summary"]) for a in alerts)
     return out
 
