@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -32,12 +33,14 @@ CODE = ("rlpulse", "base", "schemas", "producers", "streams", "sinks", "bench", 
 
 def _files() -> list[Path]:
     found = []
-    for path in ROOT.rglob("*"):
-        rel = path.relative_to(ROOT)
-        if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts[:-1]) or not path.is_file():
-            continue
-        if path.suffix in TEXT_SUFFIXES or path.name in TEXT_NAMES:
-            found.append(path)
+    for top, dirs, names in os.walk(ROOT):
+        # pruned, not walked: .venv-trl, .venv-agentlightning ... (the trainers' and clients' own venvs,
+        # gigabytes in a clone that ran make test-all: walking them took this test from 1 s to 40 s)
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.startswith(".venv") and not d.endswith(".egg-info")]
+        for name in names:
+            path = Path(top) / name
+            if (path.suffix in TEXT_SUFFIXES or name in TEXT_NAMES) and path.is_file():
+                found.append(path)
     return found
 
 
