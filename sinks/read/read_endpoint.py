@@ -53,7 +53,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from rlpulse.base.env import READ_PORT
-from rlpulse.sinks.read.bounded_http import BoundedHTTPServer
+from rlpulse.base.bounded_http import BoundedHTTPServer
 from rlpulse.sinks.store.endpoint_file import ENDPOINT_FILE, publish, withdraw
 from rlpulse.sinks.read.read_engine import Engine, QueryFailed, ReadLimits
 from rlpulse.base.errors import Error

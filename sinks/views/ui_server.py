@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from rlpulse.sinks.read.bounded_http import BoundedHTTPServer
+from rlpulse.base.bounded_http import BoundedHTTPServer
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.ui_html import CSS, error_page, page
 from rlpulse.sinks.views.ui_routes import REFRESH_MIN, BadParameter, integer, route
