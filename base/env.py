@@ -90,7 +90,13 @@ BENCH_READ_PASSWORD = _var("RLPULSE_BENCH_READ_PASSWORD", COMMAND,
                            "the read endpoint's password, handed by the bench to its reader child")
 TRACE_CONTENT = _var("RLPULSE_TRACE_CONTENT", COMMAND,
                      "1: traced LLM and tool spans record message content (rlpulse.producers.tracing; off by default)")
+OTLP_TOKEN = _var("RLPULSE_OTLP_TOKEN", COMMAND,
+                  "the bearer token `rlpulse otlp` requires (needed to bind beyond loopback; never a flag)")
 UI_TOKEN = _var("RLPULSE_UI_TOKEN", COMMAND, "`rlpulse ui`'s token (default: a new random one at every start)")
+PROMETHEUS_TOKEN = _var("RLPULSE_PROMETHEUS_TOKEN", COMMAND,
+                            "`rlpulse prometheus`'s bearer token (required when it binds other than loopback)")
+PROMETHEUS_GRACE = _var("RLPULSE_PROMETHEUS_GRACE", COMMAND,
+                        "how long `rlpulse prometheus` keeps serving a run after it ended (default 15m)")
 
 # Read by the containers docker-compose.yml starts.
 SINK_PASSWORD = _var("RLPULSE_SINK_PASSWORD", DEPLOY, "password of ClickHouse's rlpulse_sink user")

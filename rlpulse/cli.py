@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from rlpulse import commands, reference
+from rlpulse import commands, otlp_cli, prometheus_cli, reference
 from rlpulse.base import env as envvars
 from rlpulse.base.terminal import TerminalSafeFormatter, terminal_safe_lines
 
@@ -329,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=commands.cmd_ui)
 
+    otlp_cli.add(sub, _add_common)
+
+    prometheus_cli.add(sub, _add_common)
+
     p = sub.add_parser("reference", help="write docs/reference/ from the code's catalogue (--check: exit 1 when stale)")
     p.add_argument("--out", default="docs/reference", help="the folder of the pages (default docs/reference)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the pages that are stale")
@@ -382,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # Commands that cannot do anything without the broker (`demo` and `bench` start it themselves;
 # the GPU poller's SDK buffers and retries while it is away).
-_NEEDS_BROKER = {"simulate", "streams", "sink", "dlq", "alerts"}
+_NEEDS_BROKER = {"simulate", "streams", "sink", "dlq", "alerts", "otlp", "otlp-ingest"}
 
 
 def _known_failure(exc: Exception, args: argparse.Namespace) -> str | None:

@@ -150,7 +150,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from rlpulse import services
     from rlpulse.pipeline import STREAMS_TOPICS, existing_groups, partition_lag
-    from rlpulse.schemas.catalogue import RAW_TOPICS, sink_topics
+    from rlpulse.producers.otlp.ingest import ingest_group
+    from rlpulse.schemas.catalogue import OTLP_TOPICS, RAW_TOPICS, sink_topics
 
     settings = settings_of(args)
     code = services.main(settings, "status")
@@ -158,8 +159,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         return code
     groups = [(settings.app_id, STREAMS_TOPICS), (settings.sink_group, sink_topics(settings.sink_raw))]
     known = existing_groups(settings)
-    # Shown when they exist: `rlpulse alerts`' group, and ClickHouse's Kafka engine (migrate --kafka-engine).
-    groups += [(g, t) for g, t in ((f"{settings.topic_prefix}-alerts", ("alerts",)),
+    # Shown when they exist: `rlpulse alerts`' group, the OTLP ingest's, and ClickHouse's Kafka engine
+    # (migrate --kafka-engine).
+    groups += [(g, t) for g, t in ((f"{settings.topic_prefix}-alerts", ("alerts",)), (ingest_group(settings), OTLP_TOPICS),
                                    (f"{settings.topic_prefix}-ch-kafka", RAW_TOPICS)) if g in known]
     for group, topics in groups:
         try:

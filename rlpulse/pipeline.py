@@ -20,9 +20,10 @@ from aiokafka.errors import KafkaError
 
 from rlpulse.base.files import PRIVATE_UMASK, private_dir, private_file
 from rlpulse.base.settings import Settings
+from rlpulse.producers.otlp.ingest import ingest_group
 from rlpulse.schemas.topics import topics_partitions
 
-from rlpulse.schemas.catalogue import RAW_TOPICS, sink_topics
+from rlpulse.schemas.catalogue import OTLP_TOPICS, RAW_TOPICS, sink_topics
 
 STREAMS_TOPICS = RAW_TOPICS  # the streams' consumer group commits these (ticks are not waited on)
 
@@ -116,7 +117,13 @@ def existing_groups(settings: Settings) -> set[str]:
     return asyncio.run(existing_groups_async(settings))
 
 
-COMMANDS = ("streams", "sink")
+COMMANDS = ("streams", "sink", "otlp-ingest")
+
+
+def command_of(name: str) -> str:
+    """The command of a pipeline process's name: ``streams-2`` -> ``streams``, ``otlp-ingest`` as it is."""
+    base, _, number = name.rpartition("-")
+    return base if base and number.isdigit() else name
 
 
 class Pipeline:
@@ -138,9 +145,9 @@ class Pipeline:
     def start(self, which: tuple[str, ...] = ("streams", "sink"), extra_env: dict[str, str] | None = None) -> None:
         private_dir(self.log_dir)
         for name in which:
-            command = name.split("-", 1)[0]
+            command = command_of(name)
             if command not in COMMANDS or (name != command and not name[len(command) + 1:].isdigit()):
-                raise ValueError(f"unknown pipeline process {name!r}: streams or sink, optionally -N (streams-2)")
+                raise ValueError(f"unknown pipeline process {name!r}: streams, sink or otlp-ingest, optionally -N (streams-2)")
             if name in self.procs and self.procs[name].poll() is None:
                 raise RuntimeError(f"rlpulse {name} is already running (pid {self.procs[name].pid})")
             env = {**settings_env(self.settings), **(extra_env or {})}
@@ -156,7 +163,7 @@ class Pipeline:
 
     def running(self, command: str) -> list[str]:
         """Names of this pipeline's processes of ``command`` (``streams`` or ``sink``)."""
-        return [name for name in self.procs if name.split("-", 1)[0] == command]
+        return [name for name in self.procs if command_of(name) == command]
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
@@ -207,8 +214,10 @@ class Pipeline:
             if time.time_ns() >= closes_at_ns + 1_500_000_000:
                 # only the processes this pipeline runs: a sink alone need not wait for streams
                 streams_lag = sink_lag = 0
+                if self.running("otlp-ingest"):  # its outputs are the streams' and the sink's inputs
+                    streams_lag += sum(lag(self.settings, ingest_group(self.settings), OTLP_TOPICS).values())
                 if self.running("streams"):
-                    streams_lag = sum(lag(self.settings, self.settings.app_id, STREAMS_TOPICS).values())
+                    streams_lag += sum(lag(self.settings, self.settings.app_id, STREAMS_TOPICS).values())
                 if self.running("sink"):
                     sink_lag = sum(lag(self.settings, self.settings.sink_group, sink_topics(self.settings.sink_raw)).values())
                 state = (streams_lag, sink_lag)

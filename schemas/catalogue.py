@@ -17,7 +17,7 @@ class TopicSpec:
     short: str  # full topic name is ``<prefix>.<short>``
     records: tuple[str, ...]  # record full names allowed on it; anything else is a dead letter
     key: str  # what the message key is, for people reading this
-    kind: str  # raw (published by jobs and pollers), derived (by the streams), internal, dlq
+    kind: str  # raw (published by jobs and pollers), derived (by the streams), otlp (OpenTelemetry's bytes), internal, dlq
     per_run: bool = True  # keyed by project/run_id, so co-partitioned with the run processor
 
 
@@ -41,6 +41,11 @@ TOPICS: tuple[TopicSpec, ...] = (
     # written while an event of its partition is processed, so idle runs are closed on these.
     TopicSpec("ticks", (), "none", "internal"),
     TopicSpec("dlq", (), "the original key", "dlq", per_run=False),
+    # OTLP export requests (protobuf or JSON), as the Collector's kafka exporter and `rlpulse otlp`
+    # write them; `rlpulse otlp-ingest` turns them into the records above.
+    TopicSpec("otlp-spans", (), "the trace id as hex (the Collector's partition_traces_by_id), or none", "otlp",
+              per_run=False),
+    TopicSpec("otlp-metrics", (), "a hash of the resource attributes, or none", "otlp", per_run=False),
 )
 BY_SHORT = {t.short: t for t in TOPICS}
 RAW_TOPICS = tuple(t.short for t in TOPICS if t.kind == "raw")
@@ -58,7 +63,16 @@ REWARD_HISTOGRAMS_TOPIC = "reward-histograms"
 STEP_TERMS_TOPIC = "step-terms"
 LENGTH_HISTOGRAMS_TOPIC = "length-histograms"
 ALERTS_TOPIC = "alerts"
-_NAMED = (DLQ_TOPIC, TICKS_TOPIC, SPANS_TOPIC, STEPS_TOPIC, HARDWARE_TOPIC, GRADER_FAILURES_TOPIC, GRADER_WINDOWS_TOPIC,
+OTLP_SPANS_TOPIC = "otlp-spans"
+OTLP_METRICS_TOPIC = "otlp-metrics"
+OTLP_TOPICS = (OTLP_SPANS_TOPIC, OTLP_METRICS_TOPIC)
+# The writer id of records translated from OTLP starts with this. They are numbered by the Kafka
+# position of their OTLP message (``writer_sequence`` = offset << 16 | index, per OTLP partition:
+# the writer id ends in ``@partition``), so a replay repeats the numbers; the numbers are sparse,
+# and the streams do not count their jumps as lost records.
+OTLP_WRITER_PREFIX = "otlp/"
+_NAMED = (OTLP_SPANS_TOPIC, OTLP_METRICS_TOPIC,
+          DLQ_TOPIC, TICKS_TOPIC, SPANS_TOPIC, STEPS_TOPIC, HARDWARE_TOPIC, GRADER_FAILURES_TOPIC, GRADER_WINDOWS_TOPIC,
           STEP_STATS_TOPIC, REWARD_HISTOGRAMS_TOPIC, STEP_TERMS_TOPIC, LENGTH_HISTOGRAMS_TOPIC, ALERTS_TOPIC)
 if set(_NAMED) - set(BY_SHORT):  # a misspelt constant would name a topic nobody creates
     raise ImportError(f"topic constants not in TOPICS: {sorted(set(_NAMED) - set(BY_SHORT))}")

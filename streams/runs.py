@@ -34,7 +34,8 @@ import logging
 from typing import Any, NamedTuple
 
 from rlpulse.schemas.catalogue import (ALERTS_TOPIC, GRADER_FAILURES_TOPIC, GRADER_WINDOWS_TOPIC, LENGTH_HISTOGRAMS_TOPIC,
-                                       REWARD_HISTOGRAMS_TOPIC, SPANS_TOPIC, STEP_STATS_TOPIC, STEP_TERMS_TOPIC)
+                                       OTLP_WRITER_PREFIX, REWARD_HISTOGRAMS_TOPIC, SPANS_TOPIC, STEP_STATS_TOPIC,
+                                       STEP_TERMS_TOPIC)
 from rlpulse.base.settings import AlertThresholds
 from rlpulse.streams.alerting import (RUN_SCOPED, AlertBook, checkpoint_rule, end_attempt, forget_run, grader_failure_rate,
                                       step_rules)
@@ -137,6 +138,7 @@ class RunProcessor:
         attempt: Any = None
         writer: Any = None
         stream, last, latest = "", 0, None
+        sparse = False  # a writer numbering by Kafka position (OTLP-born records): jumps are no loss
         try:
             for r in records:
                 if r["attempt"] != attempt or r.get("writer_id", "") != writer:
@@ -144,13 +146,14 @@ class RunProcessor:
                     attempt, writer = r["attempt"], r.get("writer_id", "")
                     stream = f"{topic}|{attempt}|{writer}"
                     last, latest = marks.get(stream, 0), None
+                    sparse = writer.startswith(OTLP_WRITER_PREFIX)
                 # publish order (a writer older than writer_sequence published in sequence_id order)
                 seq = r.get("writer_sequence") or r.get("sequence_id") or 0
                 if seq > 0:
                     if seq <= last:
                         self.duplicates += 1
                         continue
-                    if last and seq > last + 1:
+                    if last and seq > last + 1 and not sparse:
                         self._gap(run, stream, last, seq)
                     last = seq
                 t = r["time_ns"]

@@ -34,6 +34,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "rlpulse.producers.tracing": (*GROUND, "rlpulse.producers.sdk"),
     "rlpulse.producers.pollers": (*GROUND, "rlpulse.producers.sdk"),
     "rlpulse.producers.integrations": (*GROUND, "rlpulse.producers.sdk", "rlpulse.producers.tracing"),
+    "rlpulse.producers.otlp": (*GROUND, "rlpulse.producers.sdk"),
     "rlpulse.producers.simulators": (*GROUND, "rlpulse.producers.sdk", "rlpulse.producers.tracing",
                                      "rlpulse.producers.pollers"),
     # the package's __init__ hands the SDK's and tracing's public names on
@@ -44,6 +45,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "rlpulse.sinks.read": (*GROUND, "rlpulse.sinks.store"),
     "rlpulse.sinks.views": (*GROUND, "rlpulse.sinks.store", "rlpulse.sinks.read"),
     "rlpulse.sinks.alerts": GROUND,
+    "rlpulse.sinks.prometheus": (*GROUND, "rlpulse.sinks.store", "rlpulse.sinks.read"),
     "rlpulse.sinks": (),
 }
 BARE = ("base", "schemas", "producers", "streams", "sinks")
