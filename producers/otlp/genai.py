@@ -13,7 +13,8 @@ value; GenAI's ``parts`` become ``content``, ``tool_call`` parts ``tool_calls``,
 ``tool_calls.M.tool_call.*`` too), OpenLLMetry's ``gen_ai.prompt.N.*`` / ``gen_ai.completion.N.*``,
 and last ``input.value`` / ``output.value`` (an OpenAI request's ``messages``, a response's
 ``choices``, else the text as one user / assistant message). GenAI's ``gen_ai.system_instructions``
-becomes a leading system message.
+becomes a leading system message. ``gen_ai.response.id``, where no key gives it, is the ``id`` of an
+LLM span's ``output.value`` (OpenInference records the response id nowhere else).
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def canonical(attrs: Mapping[str, Any], llm: bool, tool: bool) -> dict[str, Any]
         if inputs is not None and system is not None:
             inputs = [{"role": "system", "content": _text_of(json_value(system) or system)}, *inputs]
         out.update({k: m for k, m in (("gen_ai.input.messages", inputs), ("gen_ai.output.messages", outputs)) if m})
+        answer = json_value(attrs.get("output.value"))  # OpenInference's response body, folded away: keep its id
+        if "gen_ai.response.id" not in out and isinstance(answer, dict) and isinstance(answer.get("id"), str):
+            out["gen_ai.response.id"] = answer["id"]
         reasons = _reasons(attrs)
         if reasons:
             out["gen_ai.response.finish_reasons"] = ",".join(reasons)[:256]

@@ -206,4 +206,9 @@ def run_ingest(settings: Settings) -> int:
     asyncio.run(main())
     log.info("stopped: %d requests translated into %d records, %d dead-lettered",
              ingest.translated, ingest.published, ingest.dead)
+    metrics = ingest.translator.metrics
+    if metrics.ignored:  # names rlpulse does not translate: a typo in a job's metric name shows here
+        log.info("metrics ignored, by name: %s", ", ".join(f"{name} {n}" for name, n in metrics.ignored.most_common(20)))
+    if metrics.counts:
+        log.info("metric translator: %s", ", ".join(f"{k} {n}" for k, n in sorted(metrics.counts.items())))
     return 0

@@ -1,4 +1,4 @@
-"""OTLP metrics -> rlpulse records (docs: /work/notes/otlp-contract.md; seed 001's metric names).
+"""OTLP metrics -> rlpulse records (seed 001's metric names; the table is in docs/otel.md).
 
 :class:`MetricTranslator` keeps per-series state so that cumulative points can be differenced.
 A *series* is a metric name + the run identity and writer + the step attribute + the point's own
@@ -31,8 +31,8 @@ Steps: RUN_START on the first sight of a (project, run, attempt); STEP when the 
 the count or the step attribute, tokens/throughput/mfu from the gauges, duration_s = tokens /
 throughput), HEARTBEAT when it did not; RUN_END on the first ``run.ended`` point. writer_id is
 ``otlp/`` + service.instance.id (else service.name); sequence_id is a dense counter per (project,
-run, attempt, writer) from 1 kept in this state (the streams dedupe steps on it: a translator that
-restarts numbers from 1 again, so its first records of a writer already seen are taken as replays).
+run, attempt, writer) from 1 kept in this state, which the ingest replaces by the Kafka position of
+the request (``rlpulse.producers.otlp.ingest.number``: a replay repeats it, a restart does not reuse it).
 
 Bounds: series and marks not seen for SERIES_TTL_NS are forgotten; a request that would hold more
 than MAX_SERIES series, or has more than MAX_POINTS points, is refused (counted in ``counts``).

@@ -14,12 +14,18 @@ spans over OTLP/HTTP with the real OpenTelemetry SDK, and nothing of rlpulse. Ru
 It makes one chat completion and one streamed chat completion (``stream_options.include_usage``,
 so the last chunk carries the usage), exports each span as it ends (SimpleSpanProcessor), shuts
 down, and prints ONE JSON line: the calls (response id, model, content, usage, streamed or not), the
-resource attributes, and every span the exporter sent (ids, parent, name, attributes).
+resource attributes, and every span the exporter sent (ids, parent, name, status, attributes).
+
+``--rollout-id ID``: the process is one rollout, as an agent worker's is: the id goes on the resource
+(``akka.optimize.training.rl.rollout.id``: each span is exported alone, so a span's own attribute would not
+reach its children) and both calls run under one root span ``rollout`` of the job's own tracer, the
+rollout's entry that ``rlpulse export`` needs (the instrumentations' spans are LLM spans only).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -55,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project", default="agents")
     parser.add_argument("--model", default="gpt-test")
     parser.add_argument("--api-key", default="sk-test-key")
+    parser.add_argument("--rollout-id", help="run both calls as one rollout with this id, under a root span")
     args = parser.parse_args(argv)
 
     import openai
@@ -77,37 +84,47 @@ def main(argv: list[str] | None = None) -> int:
     resource = Resource.create({
         "service.name": f"agent-{args.instrumentation}", "service.instance.id": f"{args.instrumentation}-{args.run_id}",
         P + "run.id": args.run_id, P + "run.attempt": args.attempt, P + "project": args.project,
+        **({P + "rl.rollout.id": args.rollout_id} if args.rollout_id else {}),
     })
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(SimpleSpanProcessor(Counting(endpoint=f"{args.otlp.rstrip('/')}/v1/traces")))
     _instrument(args.instrumentation, provider)
 
     client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=30)
-    calls: list[dict[str, Any]] = []
-    reply = client.chat.completions.create(model=args.model, messages=[{"role": "user", "content": "What is 6 times 7?"}])
-    calls.append({"stream": False, "id": reply.id, "model": reply.model, "content": reply.choices[0].message.content,
-                  "finish_reason": reply.choices[0].finish_reason, "usage": reply.usage.model_dump() if reply.usage else None})
-    pieces, usage, response_id, model, finish = [], None, None, None, None
-    stream = client.chat.completions.create(model=args.model, messages=[{"role": "user", "content": "Stream a short answer."}],
-                                            stream=True, stream_options={"include_usage": True})
-    for chunk in stream:
-        response_id, model = chunk.id, chunk.model
-        if chunk.usage is not None:
-            usage = chunk.usage.model_dump()
-        for choice in chunk.choices:
-            pieces.append(choice.delta.content or "")
-            finish = choice.finish_reason or finish
-    calls.append({"stream": True, "id": response_id, "model": model, "content": "".join(pieces),
-                  "finish_reason": finish, "usage": usage})
+    entry = provider.get_tracer("agent").start_as_current_span("rollout") if args.rollout_id else contextlib.nullcontext()
+    with entry:
+        calls = _calls(client, args.model)
     provider.shutdown()  # the streamed call's span ends when its stream is read to the end; all are exported now
 
     spans = [{"trace_id": f"{s.context.trace_id:032x}", "span_id": f"{s.context.span_id:016x}",
               "parent_span_id": f"{s.parent.span_id:016x}" if s.parent else None, "name": s.name,
+              "status": s.status.status_code.name,
               "attributes": {k: _plain(v) for k, v in (s.attributes or {}).items()}} for s in sent]
     print(json.dumps({"instrumentation": args.instrumentation, "run_id": args.run_id,
                       "resource": {k: _plain(v) for k, v in resource.attributes.items()},
                       "calls": calls, "spans": spans, "exported": {"spans": len(sent), "failed": failed}}))
     return 1 if failed else 0
+
+
+def _calls(client: Any, model: str) -> list[dict[str, Any]]:
+    """One chat completion and one streamed one; what the client received of each."""
+    calls: list[dict[str, Any]] = []
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 6 times 7?"}])
+    calls.append({"stream": False, "id": reply.id, "model": reply.model, "content": reply.choices[0].message.content,
+                  "finish_reason": reply.choices[0].finish_reason, "usage": reply.usage.model_dump() if reply.usage else None})
+    pieces, usage, response_id, served, finish = [], None, None, None, None
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Stream a short answer."}],
+                                            stream=True, stream_options={"include_usage": True})
+    for chunk in stream:
+        response_id, served = chunk.id, chunk.model
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    calls.append({"stream": True, "id": response_id, "model": served, "content": "".join(pieces),
+                  "finish_reason": finish, "usage": usage})
+    return calls
 
 
 if __name__ == "__main__":

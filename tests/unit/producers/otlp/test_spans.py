@@ -128,6 +128,23 @@ def test_openinference_llm_span_with_flattened_messages_and_tool_calls() -> None
     assert "input.value" not in a
 
 
+def test_openinference_response_id_from_output_value() -> None:
+    # openinference-instrumentation-openai 0.1.66 records the response id only in output.value (the response
+    # body), which is folded into gen_ai.output.messages: the id is kept as the tracer's key
+    body = {"id": "chatcmpl-9", "object": "chat.completion", "model": "m-served", "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "42"}}]}
+    [r] = records(request(span(1, "ChatCompletion", {
+        "openinference.span.kind": "LLM", "llm.model_name": "m-served", "output.value": json.dumps(body),
+        "output.mime_type": "application/json", "llm.output_messages.0.message.role": "assistant",
+        "llm.output_messages.0.message.content": "42"})))
+    a = r["attributes"]
+    assert (a["gen_ai.response.id"], json.loads(a["gen_ai.output.messages"])) == \
+        ("chatcmpl-9", [{"role": "assistant", "content": "42"}])
+    assert "output.value" not in a
+    [r] = records(request(span(1, "ChatCompletion", {"openinference.span.kind": "LLM", "output.value": "plain text"})))
+    assert "gen_ai.response.id" not in r["attributes"]
+
+
 def test_openllmetry_indexed_prompt_and_usage() -> None:
     [r] = records(request(span(1, "openai.chat", {
         "llm.request.type": "chat", "gen_ai.system": "openai", "gen_ai.request.model": "m",
