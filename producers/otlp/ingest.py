@@ -7,11 +7,12 @@ message that is not an OTLP request, breaks a bound (:mod:`rlpulse.producers.otl
 cannot be placed (no run id) goes to the dead-letter topic with the reason, and the messages
 around it go on; nothing of a refused request is published (translation is all-or-nothing).
 
-The metric translator differences cumulative series in memory. A restart forgets that: the first
-request of a series after it counts whole again, and a message replayed after a crash is
-differenced again (its step's rows are rewritten with the same figures only where the previous
-request was replayed too). Spans carry the same ids on a replay, so ClickHouse keeps one row, and
-spans and steps carry the same replay marks (:func:`number`), so the streams apply them once.
+The metric translator differences cumulative series in memory; whenever the ingest gets its
+partitions that memory is rebuilt from the messages before the committed offset
+(:mod:`rlpulse.producers.otlp.warmup`), so a restart does not count a series whole again, and a
+message replayed after a crash is differenced against the same previous point. Spans carry the
+same ids on a replay, so ClickHouse keeps one row, and spans and steps carry the same replay marks
+(:func:`number`), so the streams apply them once.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rlpulse.producers.otlp.decode import METRICS, TRACES, OtlpLimits, decode
 from rlpulse.producers.otlp.identity import OtlpRejected, Out
 from rlpulse.producers.otlp.metrics import MetricTranslator
 from rlpulse.producers.otlp.spans import translate_spans
+from rlpulse.producers.otlp.warmup import Warmup
 from rlpulse.producers.sdk.containers import MAX_MESSAGE_BYTES
 from rlpulse.schemas.catalogue import DLQ_TOPIC, OTLP_METRICS_TOPIC, OTLP_SPANS_TOPIC, OTLP_WRITER_PREFIX
 from rlpulse.schemas.codec import Codec
@@ -59,7 +61,7 @@ class Translator:
         return self.metrics.translate(request, now_ns)
 
 
-SEQUENCE_SHIFT = 16  # the mark = offset << 16 | index: room for every record of one request
+SEQUENCE_SHIFT = 16  # the mark = (offset + 1) << 16 | index: room for every record of one request
 # The field the streams read a record's replay mark from (``writer_sequence or sequence_id``).
 MARKS = {"Span": "writer_sequence", "Step": "sequence_id"}
 
@@ -67,7 +69,7 @@ MARKS = {"Span": "writer_sequence", "Step": "sequence_id"}
 def number(outs: list[Out], partition: int, offset: int) -> None:
     """Give the records that carry replay marks (spans, steps) their publish order from the Kafka
     position of their OTLP message, in place: the writer id gains ``@partition`` and the mark
-    (a span's ``writer_sequence``, a step's ``sequence_id``) is ``offset << 16 | index``. A replayed
+    (a span's ``writer_sequence``, a step's ``sequence_id``) is ``(offset + 1) << 16 | index``. A replayed
     message repeats its numbers, so the streams skip it as they skip an SDK writer's replay, and
     ClickHouse keeps one row of it (OTLP_WRITER_PREFIX: the streams expect the jumps)."""
     index = 0
@@ -82,7 +84,8 @@ def number(outs: list[Out], partition: int, offset: int) -> None:
         if not writer.startswith(OTLP_WRITER_PREFIX):
             writer = OTLP_WRITER_PREFIX + writer
         record["writer_id"] = f"{writer[:200]}@{partition}"
-        record[mark] = (offset << SEQUENCE_SHIFT) | index
+        # offset + 1: a mark of 0 reads as "none" to the streams (``writer_sequence or sequence_id``)
+        record[mark] = ((offset + 1) << SEQUENCE_SHIFT) | index
         index += 1
 
 
@@ -131,9 +134,11 @@ class OtlpIngest:
         settings = self.settings
         kwargs = settings.kafka_client_kwargs()
         consumer = AIOKafkaConsumer(
-            *(settings.topic(t) for t in SIGNALS), group_id=ingest_group(settings), enable_auto_commit=False,
-            auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024,
-            fetch_max_bytes=64 * 1024 * 1024, **kwargs)
+            group_id=ingest_group(settings), enable_auto_commit=False, auto_offset_reset="earliest",
+            max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024, **kwargs)
+        self.warmup = Warmup(self.translator, settings.topic(OTLP_METRICS_TOPIC), kwargs, self.translator.limits)
+        self.warmup.consumer = consumer
+        consumer.subscribe([settings.topic(t) for t in SIGNALS], listener=self.warmup)
         producer = AIOKafkaProducer(acks="all", enable_idempotence=True, linger_ms=5, compression_type="lz4",
                                     max_request_size=2 * MAX_MESSAGE_BYTES, **kwargs)
         signal_of = {settings.topic(short): signal for short, signal in SIGNALS.items()}
@@ -143,6 +148,9 @@ class OtlpIngest:
             try:
                 while not stop.is_set():
                     batch = await consumer.getmany(timeout_ms=500, max_records=200)
+                    # aiokafka may hand out records of a new assignment while its listener still
+                    # runs: none is translated before the state is rebuilt
+                    await self.warmup.ready.wait()
                     if batch:
                         await self._handle(producer, consumer, signal_of, batch)
             finally:
