@@ -224,3 +224,32 @@ def test_every_span_lands_with_its_ids_and_rollout(ran, encoding: str, temporali
         assert got[s["spans"]["span_id"]][:2] == (s["spans"]["trace_id"], "CUSTOM")
         for r in s["spans"]["rollouts"]:
             assert got[r["span_id"]][:4] == (s["spans"]["trace_id"], "LLM", r["rollout_id"], s["step"])
+
+
+def test_prometheus_serves_what_the_job_sent_under_seed_001s_names(ran) -> None:
+    """OTel in, Prometheus out: the seed's series, its prefix swapped, for a job with no rlpulse SDK."""
+    from tests.integration.sinks.prometheus.test_prometheus import Command, scrape, series
+
+    settings, truths = ran
+    cmd = Command(settings)
+    try:
+        samples = scrape(cmd)
+    finally:
+        cmd.close()
+    for run, truth in truths.items():
+        steps = series(samples, "rlpulse_rl_step_count_total", rlpulse_run_id=run)
+        assert list(steps.values()) == [STEPS], (run, steps)
+        failures = series(samples, "rlpulse_rl_grader_failures_total", rlpulse_run_id=run)
+        want: dict[tuple[str, str], int] = {}
+        for s in truth["steps"]:
+            for term, g in s["graders"].items():
+                for cause, n in g["failures"].items():
+                    want[(term, cause)] = want.get((term, cause), 0) + n
+        got = {(dict(labels)["rlpulse_rl_term"], dict(labels)["rlpulse_rl_grader_failure_cause"]): v
+               for labels, v in failures.items() if v}
+        assert got == want, run
+        count = series(samples, "rlpulse_rl_rollout_reward_count", rlpulse_run_id=run, rlpulse_rl_term="total")
+        assert list(count.values()) == [STEPS * ROLLOUTS], run
+    hw_id = next(iter(truths.values()))["hw_id"]
+    power = series(samples, "hw_power", hw_id=hw_id)
+    assert len(power) == 1  # one GPU, whichever job sampled it last
