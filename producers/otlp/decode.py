@@ -43,6 +43,8 @@ class OtlpLimits:
     max_resources: int = 1_000
     max_spans: int = 20_000
     max_points: int = 50_000
+    max_scopes: int = 10_000  # of all resources together (an empty scope costs as much as a span to read)
+    max_metrics: int = 50_000  # of all scopes together, with or without points
     max_attributes: int = 512  # on one resource, scope, span, event or data point
     max_events: int = 1_000  # events and links of one span, together
     max_buckets: int = 4_096  # of one histogram point (explicit or either side of an exponential one)
@@ -135,9 +137,11 @@ def check_counts(signal: str, request: Any, limits: OtlpLimits) -> None:
     if signal == TRACES:
         groups = request.resource_spans
         _at_most(len(groups), limits.max_resources, "resources")
-        spans = 0
+        spans = scopes = 0
         for group in groups:
             _attrs(group.resource.attributes, limits, "a resource")
+            scopes += len(group.scope_spans)
+            _at_most(scopes, limits.max_scopes, "scopes")
             for scope in group.scope_spans:
                 _attrs(scope.scope.attributes, limits, "a scope")
                 spans += len(scope.spans)
@@ -150,11 +154,15 @@ def check_counts(signal: str, request: Any, limits: OtlpLimits) -> None:
         return
     groups = request.resource_metrics
     _at_most(len(groups), limits.max_resources, "resources")
-    points = 0
+    points = scopes = metrics = 0
     for group in groups:
         _attrs(group.resource.attributes, limits, "a resource")
+        scopes += len(group.scope_metrics)
+        _at_most(scopes, limits.max_scopes, "scopes")
         for scope in group.scope_metrics:
             _attrs(scope.scope.attributes, limits, "a scope")
+            metrics += len(scope.metrics)
+            _at_most(metrics, limits.max_metrics, "metrics")
             for metric in scope.metrics:
                 kind = metric.WhichOneof("data")
                 if kind is None:

@@ -101,8 +101,11 @@ def integer(value: Any, what: str, low: int = 0, high: int = 2**63 - 1) -> int:
     """An int attribute (also an int written as text, or a whole double, as some SDKs send them)."""
     if isinstance(value, bool):
         raise OtlpRejected(f"{what} must be an integer, not a boolean")
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 24:
-        value = int(value)
+    if isinstance(value, str) and len(value) < 24:
+        try:
+            value = int(value)
+        except ValueError:  # "--1", "²": isdigit() said yes, int() says no; refused as a string below
+            pass
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if not isinstance(value, int):

@@ -119,9 +119,11 @@ def histogram(point: Any, what: str) -> Hist:
     return Hist(bounds, counts, count, _finite(point.sum, f"{what} sum") if point.HasField("sum") else 0.0, low, high)
 
 
-def _buckets(b: Any, what: str) -> tuple[tuple[int, int], ...]:
+def _buckets(b: Any, what: str, scale: int) -> tuple[tuple[int, int], ...]:
     offset = int(b.offset)
-    if abs(offset) + len(b.bucket_counts) > MAX_OFFSET:
+    # a bucket wholly beyond a double (lower edge >= 2^1024, upper <= 2^-1075) holds nothing an SDK records
+    if abs(offset) + len(b.bucket_counts) > MAX_OFFSET or (b.bucket_counts and (
+            math.ldexp(offset + len(b.bucket_counts) - 1, -scale) >= 1024 or math.ldexp(offset + 1, -scale) <= -1075)):
         raise OtlpRejected(f"{what}: bucket offset {offset} out of range")
     return tuple((offset + i, _count(n, what)) for i, n in enumerate(b.bucket_counts) if n)
 
@@ -133,7 +135,7 @@ def exponential(point: Any, what: str) -> ExpHist:
     n_buckets = len(point.positive.bucket_counts) + len(point.negative.bucket_counts)
     if n_buckets > MAX_BUCKETS:
         raise OtlpRejected(f"{what}: {n_buckets} buckets, more than {MAX_BUCKETS}")
-    pos, neg = _buckets(point.positive, what), _buckets(point.negative, what)
+    pos, neg = _buckets(point.positive, what, point.scale), _buckets(point.negative, what, point.scale)
     count, zero = _count(point.count, what), _count(point.zero_count, what)
     total = zero + sum(n for _, n in pos) + sum(n for _, n in neg)
     if total != count:
@@ -166,11 +168,15 @@ def downscale(h: ExpHist, scale: int) -> ExpHist:
 
 def _exp_bounds(h: ExpHist) -> list[tuple[float, float]]:
     """(lower, upper) of each nonempty bucket, lowest first."""
-    base = 2.0 ** (2.0 ** -h.scale)
-    out = [(-(base ** (i + 1)), -(base ** i)) for i, _ in reversed(h.neg)]
+    def edge(i: int) -> float:  # 2^(i * 2^-scale); inf past a double (base ** i overflowed and raised)
+        try:
+            return 2.0 ** math.ldexp(i, -h.scale)
+        except OverflowError:
+            return math.inf
+    out = [(-edge(i + 1), -edge(i)) for i, _ in reversed(h.neg)]
     if h.zero_count:
         out.append((0.0, 0.0))
-    return out + [(base ** i, base ** (i + 1)) for i, _ in h.pos]
+    return out + [(edge(i), edge(i + 1)) for i, _ in h.pos]
 
 
 def _hist_bounds(h: Hist) -> list[tuple[float, float]]:
@@ -245,8 +251,13 @@ def add(a: Value | None, b: Value) -> Value:
     if isinstance(a, ExpHist) and isinstance(b, ExpHist):
         scale = min(a.scale, b.scale)
         a, b = downscale(a, scale), downscale(b, scale)
-        return ExpHist(scale, a.zero_count + b.zero_count, _merge(a.pos, b.pos, 1) or (), _merge(a.neg, b.neg, 1) or (),
-                       a.count + b.count, a.sum + b.sum, _lower(a.min, b.min), _higher(a.max, b.max))
+        h = ExpHist(scale, a.zero_count + b.zero_count, _merge(a.pos, b.pos, 1) or (), _merge(a.neg, b.neg, 1) or (),
+                    a.count + b.count, a.sum + b.sum, _lower(a.min, b.min), _higher(a.max, b.max))
+        # two far-apart series (or a series that started again elsewhere): the record's dense buckets
+        # would span the gap, so downscale until they fit, as an SDK does
+        while h.pos and h.pos[-1][0] - h.pos[0][0] >= MAX_BUCKETS and h.scale > MIN_SCALE:
+            h = downscale(h, h.scale - 1)
+        return h
     return b  # the kind or the bounds changed: the series started again, what was held before is superseded
 
 

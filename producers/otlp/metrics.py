@@ -51,6 +51,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from rlpulse.producers.otlp import metric_points as mp
 from rlpulse.producers.otlp.identity import SEED, Identity, OtlpRejected, Out, attributes, identity, step_of
 from rlpulse.producers.otlp.metric_runs import CAPACITY_FIELDS, GPU_FIELDS, Obs, RunGroup, attrs_key, translate_other
+from rlpulse.schemas.codec import Codec
 
 SERIES_TTL_NS = 3600 * 10**9  # a series (and a run's sequence) not seen for an hour is forgotten
 SWEEP_EVERY_NS = 60 * 10**9
@@ -141,6 +142,7 @@ class MetricTranslator:
         self._series: dict[Any, Series] = {}
         self._marks: dict[Any, tuple[Any, int]] = {}  # run sequences, starts, ends, placements, held figures
         self._swept_ns = 0
+        self._codec = Codec()
         self.counts: Counter[str] = Counter()  # requests, rejected, series_cap, mfu_out_of_range, ...
         self.ignored: Counter[str] = Counter()  # metric name -> points ignored (not translated)
 
@@ -153,6 +155,7 @@ class MetricTranslator:
         try:
             scratch = Scratch(self._series, self._marks)
             out = self._translate(scratch, request, now_ns)
+            self._check(out)
             self._commit(scratch, now_ns)
         except OtlpRejected:
             self.counts["rejected"] += 1
@@ -248,6 +251,15 @@ class MetricTranslator:
         changed = prev is None or not _is_zero(d)
         s.series[key] = Series(name, labels, start, t, last, total, pending, now_ns)
         return Obs(key, name, family, labels, value, d, (window_start, t), changed, step, where, total)
+
+    def _check(self, out: list[Out]) -> None:
+        """Refuse (before the state changes) a request whose records the ingest could not encode: a
+        value past an Avro long (a step count of 1e30) would otherwise be dead-lettered after commit."""
+        for o in out:
+            try:
+                self._codec.encode(o.record_type, [o.record])
+            except ValueError as exc:
+                raise OtlpRejected(f"a value out of range: {str(exc)[:300]}") from None
 
     # -- state ------------------------------------------------------------------------------
     def _commit(self, s: Scratch, now_ns: int) -> None:

@@ -95,7 +95,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Transfer-Encoding"):
             raise _HttpRefusal(411, "send a Content-Length: chunked bodies are not taken")
         length_text = self.headers.get("Content-Length", "")
-        if not length_text.isdigit() or len(length_text) > 12:
+        if not (length_text.isascii() and length_text.isdigit()) or len(length_text) > 12:
             raise _HttpRefusal(411, "a Content-Length is required")
         length = int(length_text)
         if length > limit:
@@ -190,6 +190,10 @@ class OtlpReceiver:
             self.refused += 1
             log.info("refused an OTLP %s request: %s", signal, exc)
             return 400, str(exc)
+        except Exception as exc:  # noqa: BLE001 - as the ingest dead-letters it; else the client gets no answer
+            self.refused += 1
+            log.exception("the OTLP translator failed on a %s request", signal)
+            return 400, f"the translator failed: {type(exc).__name__}"
         assert self._producer is not None
         try:
             for key, value in messages:

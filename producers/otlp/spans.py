@@ -138,7 +138,7 @@ def _read_span(span: Any, resource: dict[str, Any], scope: dict[str, Any], write
         raise OtlpRejected(f"{where}: start and end times must be set (ns since the epoch), got {start} and {end}")
     if end < start or end > LONG_MAX:
         raise OtlpRejected(f"{where}: end time {end} is before its start {start} or beyond an Avro long")
-    if span.status.code >= len(STATUSES):
+    if not 0 <= span.status.code < len(STATUSES):  # a negative code would index from the end
         raise OtlpRejected(f"{where}: unknown status code {span.status.code}")
     parent = span.parent_span_id if span.parent_span_id.strip(b"\0") else None  # all zeros: a root, as empty
     rollout = first(ROLLOUT_KEYS, attrs, scope, resource)

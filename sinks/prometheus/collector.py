@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from rlpulse.sinks.prometheus import names as n
-from rlpulse.sinks.prometheus.buckets import ExpHistogram, exponential_to_classic, fixed_to_classic, merge
+from rlpulse.sinks.prometheus.buckets import MAX_BUCKETS, ExpHistogram, exponential_to_classic, fixed_to_classic, merge
 from rlpulse.sinks.prometheus.figures import Rows, Scope, read
 from rlpulse.sinks.store.clickhouse import Store
 
@@ -132,10 +132,15 @@ def _exp(scale: int, zeros: int, count: int, total: float, pairs: list[tuple[int
     """The merged histogram the lengths query gives (buckets at ``scale``), downscaled to MAX_BUCKETS buckets."""
     h = ExpHistogram(int(scale), int(zeros), count=int(count), sum=float(total))
     if pairs:
-        h.offset = int(pairs[0][0])
-        h.counts = [0] * (int(pairs[-1][0]) - h.offset + 1)
+        # downscale the sparse pairs first: steps far apart (offsets -2^31 and 2^31) would make the
+        # dense list 2^32 long before merge() could narrow it
+        lo, hi, k = int(pairs[0][0]), int(pairs[-1][0]), 0
+        while (hi >> k) - (lo >> k) >= MAX_BUCKETS:
+            k += 1
+        h.scale, h.offset = h.scale - k, lo >> k
+        h.counts = [0] * ((hi >> k) - h.offset + 1)
         for idx, c in pairs:
-            h.counts[int(idx) - h.offset] += int(c)
+            h.counts[(int(idx) >> k) - h.offset] += int(c)
     merged = merge([h])
     assert merged is not None
     return merged

@@ -17,14 +17,14 @@ def step(writer: str, n: int) -> dict:
 def test_a_span_gets_its_writer_sequence() -> None:
     span = Out("spans", "p/r", "Span", {"writer_id": "otlp/a", "writer_sequence": 1, "sequence_id": 77})
     number([span], partition=0, offset=5)
-    assert (span.record["writer_sequence"], span.record["sequence_id"], span.record["writer_id"]) == (5 << 16, 77, "otlp/a@0")
+    assert (span.record["writer_sequence"], span.record["sequence_id"], span.record["writer_id"]) == (6 << 16, 77, "otlp/a@0")
 
 
 def test_spans_and_steps_are_numbered_by_kafka_position_and_a_replay_repeats_them() -> None:
     outs = [Out("steps", "p/r", "Step", step("otlp/job-1", 0)), Out("hardware", "gpu", "Placement", {"x": 1}),
             Out("steps", "p/r", "Step", step("job-2", 1))]
     number(outs, partition=3, offset=41)
-    assert [o.record.get("sequence_id") for o in outs] == [41 << 16, None, (41 << 16) | 1]
+    assert [o.record.get("sequence_id") for o in outs] == [42 << 16, None, (42 << 16) | 1]
     assert [o.record.get("writer_id") for o in outs] == ["otlp/job-1@3", None, "otlp/job-2@3"]
     again = [Out("steps", "p/r", "Step", step("otlp/job-1", 0))]
     number(again, partition=3, offset=41)
