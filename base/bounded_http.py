@@ -12,7 +12,7 @@ import logging
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 log = logging.getLogger(__name__)
 
@@ -54,3 +54,32 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:  # one line, never a traceback
         log.warning("%s: connection from %s failed: %s", self._label, client_address[0], type(sys.exc_info()[1]).__name__)
+
+
+class ServedServer:
+    """A ``BoundedHTTPServer`` in ``_server``, served on a daemon thread: ``start``, ``close`` (shuts
+    it down and joins the thread), or ``serve_forever`` in the caller's thread; a context manager."""
+
+    _server: BoundedHTTPServer
+    _thread: threading.Thread | None = None
+    thread_name = "rlpulse-http"
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(target=self._server.serve_forever, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

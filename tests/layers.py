@@ -34,7 +34,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "rlpulse.producers.tracing": (*GROUND, "rlpulse.producers.sdk"),
     "rlpulse.producers.pollers": (*GROUND, "rlpulse.producers.sdk"),
     "rlpulse.producers.integrations": (*GROUND, "rlpulse.producers.sdk", "rlpulse.producers.tracing"),
-    "rlpulse.producers.otlp": (*GROUND, "rlpulse.producers.sdk"),
+    "rlpulse.producers.otlp": (*GROUND, "rlpulse.producers.sdk", "rlpulse.producers.tracing"),
     "rlpulse.producers.simulators": (*GROUND, "rlpulse.producers.sdk", "rlpulse.producers.tracing",
                                      "rlpulse.producers.pollers"),
     # the package's __init__ hands the SDK's and tracing's public names on

@@ -66,6 +66,7 @@ from rlpulse.producers.otlp.genai import CONTENT_KEYS, canonical, json_value
 from rlpulse.producers.otlp.identity import (ROLLOUT_ATTEMPT_KEYS, ROLLOUT_KEYS, SEED, Out, OtlpRejected, attributes,
                                              first, identity, integer, step_of, text)
 from rlpulse.producers.sdk import events as v
+from rlpulse.producers.tracing.content import MARKER, cut_strings
 from rlpulse.producers.sdk.sequence import EPOCH_NS, MAX_TICK, TAG_BITS, TAG_MASK
 from rlpulse.schemas.catalogue import OTLP_WRITER_PREFIX, SPANS_TOPIC, run_key
 from rlpulse.schemas.enums import FINISH_TRUNCATED, SPAN_KIND_DEFAULT, SPAN_KINDS, enum_symbols
@@ -82,7 +83,6 @@ GENERATION_OPS = ("chat", "text_completion", "generate_content", "completion")
 ENTRY_KINDS = ("agent", "chain")  # OpenInference kinds (lower case) of an agent's entry span
 CONTENT_LIMIT = 32 * 1024  # characters of one content attribute: rlpulse's tracer's default cap
 SPAN_BUDGET = 256 * 1024  # characters of all other strings of one span (a Kafka message holds 1 MiB)
-MARKER = "…[rlpulse: {} characters cut]"  # the marker rlpulse.producers.tracing.content writes
 CUT_CHARS = "rlpulse.content.cut_chars"
 OTHER_CUT = "rlpulse.otlp.cut_chars"
 DROPPED = "rlpulse.otlp.attributes_dropped"
@@ -272,19 +272,6 @@ def _scalar(value: Any) -> str | bool | int | float:
     return json.dumps(value, ensure_ascii=False, default=lambda b: b.hex() if isinstance(b, bytes) else str(b))
 
 
-def _cut(value: Any, keep: int, counter: list[int]) -> Any:
-    if isinstance(value, str):
-        if len(value) <= keep:
-            return value
-        counter[0] += len(value) - keep
-        return value[:keep] + MARKER.format(len(value) - keep)
-    if isinstance(value, dict):
-        return {k: _cut(x, keep, counter) for k, x in value.items()}
-    if isinstance(value, list):
-        return [_cut(x, keep, counter) for x in value]
-    return value
-
-
 def _fit(value: Any, measure: Any, limit: int) -> tuple[Any, int] | None:
     """``value`` with its strings cut to the longest length at which ``measure`` of it is within ``limit``,
     and the characters cut; None when even empty strings do not fit."""
@@ -293,7 +280,7 @@ def _fit(value: Any, measure: Any, limit: int) -> tuple[Any, int] | None:
     lo, hi, best = 0, limit, None
     while lo <= hi:
         keep, counter = (lo + hi) // 2, [0]
-        candidate = _cut(value, keep, counter)
+        candidate = cut_strings(value, keep, counter)
         if measure(candidate) <= limit:
             best, lo = (candidate, counter[0]), keep + 1
         else:
@@ -342,7 +329,7 @@ def _bounded(attrs: Mapping[str, Any], named: dict[str, Any], kind: str, span: A
     strings = {k: x for k, x in out.items() if isinstance(x, str) and k not in CONTENT_KEYS}
     budget = SPAN_BUDGET - sum(len(out[k]) for k in CONTENT_KEYS if k in out)
     other_cut = [0]
-    fitted = _fit(strings, lambda d: sum(len(x) for x in d.values()), budget) or (_cut(strings, 0, other_cut), 0)
+    fitted = _fit(strings, lambda d: sum(len(x) for x in d.values()), budget) or (cut_strings(strings, 0, other_cut), 0)
     out.update(fitted[0])
     other_cut[0] += fitted[1]
     for key, count in ((CUT_CHARS, content_cut), (OTHER_CUT, other_cut[0]), (DROPPED, dropped)):

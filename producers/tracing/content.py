@@ -86,7 +86,7 @@ def _strings(value: Any, out: list[int]) -> None:
             _strings(v, out)
 
 
-def _cut(value: Any, keep: int, counter: list[int]) -> Any:
+def cut_strings(value: Any, keep: int, counter: list[int]) -> Any:
     """``value`` with each string longer than ``keep`` cut to ``keep`` characters plus the marker."""
     if isinstance(value, str):
         if len(value) <= keep:
@@ -94,9 +94,9 @@ def _cut(value: Any, keep: int, counter: list[int]) -> Any:
         counter[0] += len(value) - keep
         return value[:keep] + MARKER.format(len(value) - keep)
     if isinstance(value, dict):
-        return {k: _cut(v, keep, counter) for k, v in value.items()}
+        return {k: cut_strings(v, keep, counter) for k, v in value.items()}
     if isinstance(value, list):
-        return [_cut(v, keep, counter) for v in value]
+        return [cut_strings(v, keep, counter) for v in value]
     return value
 
 
@@ -112,7 +112,7 @@ def capped_json(value: Any, limit: int) -> tuple[str, int]:
     while lo <= hi:
         keep = (lo + hi) // 2
         counter = [0]
-        candidate = _dumps(_cut(value, keep, counter))
+        candidate = _dumps(cut_strings(value, keep, counter))
         if len(candidate) <= limit:
             best, lo = (candidate, counter[0]), keep + 1
         else:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-import threading
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,7 +20,7 @@ from urllib.parse import urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from rlpulse.sinks.prometheus.collector import Scraper
-from rlpulse.base.bounded_http import BoundedHTTPServer
+from rlpulse.base.bounded_http import BoundedHTTPServer, ServedServer
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +116,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-class PrometheusServer:
+class PrometheusServer(ServedServer):
     """The scrape endpoint (``start``/``close``, or ``serve_forever``)."""
+
+    thread_name = "rlpulse-prometheus"
 
     def __init__(self, scraper: Scraper, host: str = HOST, port: int = PORT, token: str | None = None,
                  max_connections: int = MAX_CONNECTIONS):
@@ -127,24 +128,3 @@ class PrometheusServer:
         self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
         shown = f"[{self.address[0]}]" if ":" in self.address[0] else self.address[0]
         self.url = f"http://{shown}:{self.address[1]}/metrics"
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> PrometheusServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="rlpulse-prometheus", daemon=True)
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        self._server.serve_forever()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> PrometheusServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

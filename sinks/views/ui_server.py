@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from rlpulse.base.bounded_http import BoundedHTTPServer
+from rlpulse.base.bounded_http import BoundedHTTPServer, ServedServer
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.ui_html import CSS, error_page, page
 from rlpulse.sinks.views.ui_routes import REFRESH_MIN, BadParameter, integer, route
@@ -171,8 +171,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-class UiServer:
+class UiServer(ServedServer):
     """The page's HTTP server (``start``/``close``, or ``serve_forever``); ``opener`` opens the store for one request."""
+
+    thread_name = "rlpulse-ui"
 
     def __init__(self, opener: Callable[[], Store], source: str, host: str = HOST, port: int = 0,
                  token: str | None = None, max_connections: int = MAX_CONNECTIONS):
@@ -185,7 +187,6 @@ class UiServer:
         self.cookie = f"rlpulse-ui-{self.address[1]}"  # per port: two pages on one host keep their own tokens
         shown = f"[{self.address[0]}]" if ":" in self.address[0] else self.address[0]
         self.url = f"http://{shown}:{self.address[1]}/"
-        self._thread: threading.Thread | None = None
 
     @property
     def token_url(self) -> str:
@@ -200,24 +201,4 @@ class UiServer:
                 yield store
         finally:
             self._reading.release()
-
-    def start(self) -> UiServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="rlpulse-ui", daemon=True)
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        self._server.serve_forever()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> UiServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 

@@ -26,14 +26,12 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rlpulse.base import env as envvars
 from rlpulse.base.settings import Settings
 from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.producers.otlp.ingest import ingest_group
@@ -41,6 +39,7 @@ from rlpulse.schemas.topics import ensure_topics
 from tests.conftest import unavailable
 from tests.integration import until
 from tests.openai_server import FakeOpenAI
+from tests.integration.producers.otlp.test_otlp_receiver import start_receiver
 from tests.otel_clients import otel_venv
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
@@ -69,24 +68,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_receiver(settings: Settings, port: int) -> subprocess.Popen:
-    """``rlpulse otlp`` on loopback (no token needed there), once it listens."""
-    env = {k: x for k, x in settings_env(settings).items() if k != envvars.OTLP_TOKEN}
-    proc = subprocess.Popen([sys.executable, "-m", "rlpulse.cli", "otlp", "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"rlpulse otlp exited {proc.returncode}: {proc.stdout.read() if proc.stdout else ''}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("rlpulse otlp did not listen in 60 s")
-
-
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rlpulse.cli", *args], env={**settings_env(settings), "PYTHONPATH": str(REPO)},
                           cwd=REPO, capture_output=True, text=True, timeout=180)
@@ -108,7 +89,7 @@ def ran(module_settings: Settings, otel_python: Path) -> Iterator[dict[str, Any]
     try:
         pipeline.start(("otlp-ingest", "streams", "sink"))
         wait_groups_ready(settings, (settings.app_id, settings.sink_group, ingest_group(settings)), pipeline)
-        receiver = _start_receiver(settings, port)
+        receiver = start_receiver(settings, "127.0.0.1", port)
         jobs: dict[str, dict[str, Any]] = {}
         with FakeOpenAI() as fake:
             for which in INSTRUMENTATIONS:

@@ -34,7 +34,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(settings: Settings, host: str, port: int, token: str | None) -> subprocess.Popen:
+def start_receiver(settings: Settings, host: str, port: int, token: str | None = None) -> subprocess.Popen:
+    """``rlpulse otlp`` on ``host``:``port`` (with ``token`` in its environment, or none), once it listens."""
     env = {**settings_env(settings)}
     env.pop(envvars.OTLP_TOKEN, None)
     if token:
@@ -68,7 +69,7 @@ def _post(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[i
 def loopback(module_settings: Settings) -> Iterator[tuple[Settings, int]]:
     ensure_topics(module_settings)
     port = _free_port()
-    proc = _start(module_settings, "127.0.0.1", port, None)
+    proc = start_receiver(module_settings, "127.0.0.1", port, None)
     try:
         yield module_settings, port
     finally:
@@ -113,7 +114,7 @@ def test_beyond_loopback_it_needs_a_token_and_checks_it_before_the_body(module_s
                              env={k: v for k, v in settings_env(settings).items() if k != envvars.OTLP_TOKEN},
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and envvars.OTLP_TOKEN in refused.stderr
-    proc = _start(settings, "0.0.0.0", port, TOKEN)
+    proc = start_receiver(settings, "0.0.0.0", port, TOKEN)
     try:
         proto = trace_request("recv-token", salt=6).SerializeToString()
         # a body claimed far bigger than sent: a 401 at once shows the body was never waited for
