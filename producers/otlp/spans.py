@@ -69,7 +69,7 @@ from rlpulse.producers.sdk import events as v
 from rlpulse.producers.tracing.content import MARKER, cut_strings
 from rlpulse.producers.sdk.sequence import EPOCH_NS, MAX_TICK, TAG_BITS, TAG_MASK
 from rlpulse.schemas.catalogue import OTLP_WRITER_PREFIX, SPANS_TOPIC, run_key
-from rlpulse.schemas.enums import FINISH_TRUNCATED, SPAN_KIND_DEFAULT, SPAN_KINDS, enum_symbols
+from rlpulse.schemas.enums import FINISH_TRUNCATED, GRADER_OUTCOMES, SPAN_KIND_DEFAULT, SPAN_KINDS, enum_symbols
 
 # Span kinds by position (symbols are only ever appended to the enum), never as string literals.
 ROLLOUT, _REWARD, LLM, TOOL, GRADER = SPAN_KINDS[:5]
@@ -77,7 +77,7 @@ CUSTOM = SPAN_KIND_DEFAULT
 # The Span status enum is UNSET, OK, ERROR: OTLP's StatusCode numbers 0, 1, 2 in the same order.
 STATUSES = enum_symbols("Span", "status")
 ERROR_STATUS = STATUSES[2]
-OK_OUTCOME, ERROR_OUTCOME = "ok", "error"  # grader outcomes (rlpulse.schemas.enums.GRADER_OUTCOMES)
+OK_OUTCOME, ERROR_OUTCOME = GRADER_OUTCOMES[0], GRADER_OUTCOMES[-1]  # ok, error
 
 GENERATION_OPS = ("chat", "text_completion", "generate_content", "completion")
 ENTRY_KINDS = ("agent", "chain")  # OpenInference kinds (lower case) of an agent's entry span
