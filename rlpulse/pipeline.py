@@ -162,7 +162,7 @@ class Pipeline:
                 )
 
     def running(self, command: str) -> list[str]:
-        """Names of this pipeline's processes of ``command`` (``streams`` or ``sink``)."""
+        """Names of this pipeline's processes of ``command`` (``streams``, ``sink`` or ``otlp-ingest``)."""
         return [name for name in self.procs if command_of(name) == command]
 
     def check_alive(self) -> None:

@@ -473,3 +473,19 @@ def test_failed_rollouts_count_as_attempted_and_in_no_reward_figure() -> None:
     [stats] = [r for r in h.latest("step-stats").values() if r["step"] == 0]
     assert (stats["rollouts"], stats["rollouts_failed"], stats["rollouts_attempted"]) == (2, 2, 4)
     assert stats["reward_mean"] == 0.375 and stats["reward_max"] == 0.5
+
+
+def test_an_otlp_writer_numbered_by_kafka_position_is_deduplicated_and_its_jumps_are_no_gap():
+    """Records translated from OTLP carry (offset + 1) << 16 | index (rlpulse.producers.otlp.ingest.number):
+    a replayed message is skipped like an SDK writer's replay, and the jumps between messages are not
+    counted as records that never arrived."""
+    from rlpulse.schemas.catalogue import OTLP_WRITER_PREFIX
+
+    h = Harness(CONFIG)
+    job = Job(writer=OTLP_WRITER_PREFIX + "job-0@1")
+    first = [dict(job.rollout(1.0, 0, 0.5), sequence_id=(4 << 16) | i) for i in range(2)]
+    second = [dict(job.rollout(2.0, 0, 1.0), sequence_id=(9 << 16))]
+    for records in (first, second, first):  # the last: a replay of the first message
+        h.feed("spans", records)
+    processor = h.stage.processor
+    assert (processor.sequence_gaps, processor.duplicates) == (0, 2)
