@@ -72,6 +72,7 @@ class Truth:
         self.graded: Counter = Counter()  # (term, window_start_ns)
         self.failures: Counter = Counter()  # (term, cause, window_start_ns)
         self.rollouts: dict[int, list[tuple[float, dict[str, float], bool]]] = defaultdict(list)
+        self.graded_steps: set[int] = set()  # steps with a grader call accepted: the streams open their figures
 
     @property
     def accepted(self) -> int:
@@ -134,6 +135,7 @@ class Job(threading.Thread):
                     start = self.clock.last - self.clock.last % self.window_ns
                     truth.spans += 1
                     truth.graded[(term, start)] += 1
+                    truth.graded_steps.add(step)
                     if outcome != "ok":
                         truth.failures[(term, outcome, start)] += 1
             reward = 0.0 if i >= ROLLOUTS - zeros_n else round(rng.uniform(0.01, 1.5), 3)
@@ -201,19 +203,23 @@ def expected(jobs: list[Job], settings: Settings) -> dict[str, Any]:
     for job in jobs:
         t, run = job.truth, job.truth.run_id
         book, rules = AlertBook({}), {}
-        for step in sorted(t.rollouts):
-            rollouts = t.rollouts[step]
+        # A step whose rollouts were all dropped (a full SDK buffer) but whose grader calls got through
+        # has figures too, as the streams open them: no rollouts, none clipped, a ratio of 0.
+        for step in sorted(set(t.rollouts) | t.graded_steps):
+            rollouts = t.rollouts.get(step, [])
             hist = {"total": RewardHistogram(), **{term: RewardHistogram() for term in TERMS}}
             for reward, shares, _ in rollouts:  # in the order the streams add them
                 hist["total"].add(reward)
                 for term, share in shares.items():
                     hist[term].add(share)
-            for term, h in hist.items():
-                out["histograms"][(run, step, term)] = (h.counts, h.count, h.sum, h.min, h.max)
+            if rollouts:
+                for term, h in hist.items():
+                    out["histograms"][(run, step, term)] = (h.counts, h.count, h.sum, h.min, h.max)
             clipped = sum(c for _, _, c in rollouts)
             out["steps"][(run, step)] = (len(rollouts), clipped)
             stats = {"project": PROJECT, "run_id": run, "attempt": 1, "step": step,
-                     "clipped_ratio": clipped / len(rollouts), "reward_zero_fraction": hist["total"].zero_fraction}
+                     "clipped_ratio": clipped / len(rollouts) if rollouts else 0.0,
+                     "reward_zero_fraction": hist["total"].zero_fraction}
             alerts += step_rules(book, rules, stats, settings.alerts, now_ns=0)
         for term, start in sorted(t.graded, key=lambda k: (k[1], k[0])):  # windows close in start order
             failures = sum(t.failures[(term, c, start)] for c in CAUSES)
