@@ -7,6 +7,12 @@
 ``/step``                 a step's samples; ``project``, ``run``, ``attempt``, ``step``, ``sort``,
                           ``variance``, ``failed``, ``min_reward``, ``max_reward``, ``sample``, ``page``
 ``/trajectory``           a trajectory; ``project``, ``run``, ``attempt``, ``rollout``
+``/compare``              runs overlaid (``rlpulse.sinks.views.ui_compare``); ``run=PROJECT/RUN[/ATTEMPT]``
+                          (repeatable; each part percent-encoded), ``x=step|time``, ``smooth``, ``from``/``to``,
+                          ``metric`` (repeatable)
+``/search``               a run's trajectories (``rlpulse.sinks.views.ui_search``); ``project``, ``run``,
+                          ``attempt``, ``min_reward``/``max_reward``, ``status``, ``failed``, ``clipped``,
+                          ``from``/``to``, ``q`` (text in the dialogue), ``page``
 any page                  ``refresh=N``: the browser reloads it every N seconds (a live view, no script)
 ========================  =====================================================================
 
@@ -16,77 +22,28 @@ what was expected; a parameter the page does not know is ignored.
 
 from __future__ import annotations
 
-import math
-
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.trajectories import NO_SAMPLE
 from rlpulse.sinks.views.ui_detail import SORTS, VARIANCES, StepView, step_page, trajectory_page
 from rlpulse.sinks.views.ui_html import href
-from rlpulse.sinks.views.ui_pages import NotFound, RunView, run_page, runs_page
-from rlpulse.base.errors import Error
+from rlpulse.sinks.views.ui_compare import compare_page
+from rlpulse.sinks.views.ui_search import search_page
+from rlpulse.sinks.views.ui_pages import NotFound, RunView, run_page
+from rlpulse.sinks.views.ui_params import (INT_MAX, MAX_VALUE, REFRESH_MIN, BadParameter, Page, Query, choice, decimal,
+                                          integer, one)
+from rlpulse.sinks.views.ui_runs import runs_page
 
-MAX_VALUE = 1024  # characters of one parameter (ids are far shorter)
-REFRESH_MIN = 5  # seconds: ``refresh=N`` on any page reloads it every N seconds (5 to 3600)
-INT_MAX = 2**63 - 1
-
-Query = dict[str, list[str]]
-
-
-class BadParameter(Error, ValueError):
-    """A URL parameter that does not parse (answered 400)."""
-
-
-def one(query: Query, name: str, required: bool = False) -> str | None:
-    values = query.get(name) or []
-    value = values[-1] if values else None
-    if value is not None and len(value) > MAX_VALUE:
-        raise BadParameter(f"{name}: at most {MAX_VALUE} characters")
-    if required and not value:
-        raise BadParameter(f"the URL needs {name}=")
-    return value
-
-
-def integer(query: Query, name: str, required: bool = False, low: int = 0) -> int | None:
-    value = one(query, name, required)
-    if value in (None, ""):
-        return None
-    try:
-        n = int(value)  # type: ignore[arg-type]
-    except ValueError:
-        raise BadParameter(f"{name}: expected a whole number, got {value!r}") from None
-    if not low <= n <= INT_MAX:
-        raise BadParameter(f"{name}: expected a number from {low}, got {value!r}")
-    return n
-
-
-def decimal(query: Query, name: str) -> float | None:
-    value = one(query, name)
-    if value in (None, ""):
-        return None
-    try:
-        x = float(value)  # type: ignore[arg-type]
-    except ValueError:
-        raise BadParameter(f"{name}: expected a number, got {value!r}") from None
-    if not math.isfinite(x):
-        raise BadParameter(f"{name}: expected a finite number, got {value!r}")
-    return x
-
-
-def choice(query: Query, name: str, allowed: tuple[str, ...]) -> str:
-    value = one(query, name) or allowed[0]
-    if value not in allowed:
-        raise BadParameter(f"{name}: one of {', '.join(a or '(none)' for a in allowed)}, got {value!r}")
-    return value
-
-
-Page = tuple[str, list[tuple[str, str | None]], str]  # title, crumbs (label, escaped link), body
-
+__all__ = ["REFRESH_MIN", "BadParameter", "Page", "Query", "integer", "route"]
 
 def route(store: Store, path: str, query: Query, now_ns: int) -> Page:
     """The page at ``path`` for ``query``: NotFound for an unknown path or rows that do not exist."""
     runs = ("Runs", href("/"))
-    if path not in ("/", "/run", "/step", "/trajectory"):
+    if path not in ("/", "/run", "/step", "/trajectory", "/compare", "/search"):
         raise NotFound(f"no page {path}")
+    if path == "/compare":
+        return compare_page(store, query, now_ns)
+    if path == "/search":
+        return search_page(store, query)
     if path == "/":
         project = one(query, "project") or None
         refresh = one(query, "refresh") or ""
