@@ -22,7 +22,8 @@ def test_migrations_apply_once_and_record_themselves(tmp_path: Path) -> None:
                                   "005_placements_by_gpu", "006_trainers", "007_engine_capacity", "008_traces",
                                   "009_checkpoints", "010_content_bounds",
                                   "011_content_sdk_cut", "012_merge_settings", "013_start_order", "014_rollouts_attempted",
-                                  "015_gpu_health", "016_engine_figures", "017_step_term_figures"]
+                                  "015_gpu_health", "016_engine_figures", "017_step_term_figures",
+                                  "018_run_config"]
         assert migrate(store) == []
         tables = {r[0] for r in store.client.query("SHOW TABLES FROM rlpulse").result_rows}
         engines = dict(store.client.query("SELECT name, engine_full FROM system.tables WHERE database = 'rlpulse' "
