@@ -159,7 +159,7 @@ def step_record(project: str, run_id: str, writer: Writer, *, type_: str, time_n
     record = _base(project, run_id, time_ns, writer, "steps")
     record.update({"type": type_, "trainer": "rl", "step": step, "step_count": step_count, "tokens": 0, "spans_sent": 0,
                    "duration_s": 0.0, "throughput": 0.0, "mfu": None, "dropped_events": 0, "metrics": {},
-                   "status": "finished" if type_ == "RUN_END" else None})
+                   "status": "finished" if type_ == "RUN_END" else None, "config": {}})
     if type_ == "STEP":
         record.update(tokens=100_000, duration_s=20.0, throughput=5000.0, mfu=0.4)
     return record

@@ -8,19 +8,9 @@ import os
 import sys
 
 from rlpulse import commands, otlp_cli, prometheus_cli, reference
+from rlpulse.cli_flags import add_common as _add_common
 from rlpulse.base import env as envvars
 from rlpulse.base.terminal import TerminalSafeFormatter, terminal_safe_lines
-
-
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap", dest="kafka_bootstrap", help=f"Kafka bootstrap servers ({envvars.KAFKA_BOOTSTRAP})")
-    parser.add_argument(
-        "--clickhouse-url",
-        dest="clickhouse_url",
-        help=f"chdb:///path or http://user:pass@host:8123/db ({envvars.CLICKHOUSE_URL})",
-    )
-    parser.add_argument("--topic-prefix", dest="topic_prefix", help=f"prefix of every topic name ({envvars.TOPIC_PREFIX})")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="value of a {NAME:Type} placeholder, parsed by ClickHouse as Type (repeatable)",
     )
     p.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
-    _add_common(p)
+    _add_common(p, kafka=False)
     p.set_defaults(func=commands.cmd_query)
 
     p = sub.add_parser("simulate", help="publish simulated training runs through the SDK")
@@ -204,8 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.set_defaults(func=commands.cmd_engine_poller)
 
-    p = sub.add_parser("status", help="local services and consumer lag of the streams and the sink")
-    _add_common(p)
+    p = sub.add_parser(
+        "status",
+        help="local services and consumer lag of the streams and the sink",
+        description="Prints the local services, then one line per consumer group: its total lag, its partitions "
+        "(and topics) and its members, naming the topics it is behind on. --detail (or -v) adds a line per "
+        "partition: topic[partition]  committed / end = lag.",
+    )
+    p.add_argument("--detail", action="store_true", help="one line per partition under each group")
+    _add_common(p, verbose_help="debug logging, and --detail")
     p.set_defaults(func=commands.cmd_status)
 
     p = sub.add_parser(
@@ -258,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --html: the sample (prompt) whose trajectories the page "
         "shows (default: the step's first sample by id; the page lists the others)",
     )
-    _add_common(p)
+    _add_common(p, kafka=False)
     p.set_defaults(func=commands.cmd_report)
 
     p = sub.add_parser(
@@ -313,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a trainer scalar (as logged: loss, kl, clip_ratio/region_mean) shown as a column at its "
         "latest step; repeat for several",
     )
-    _add_common(p)
+    _add_common(p, kafka=False)
     p.set_defaults(func=commands.cmd_watch)
 
     p = sub.add_parser(
@@ -326,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8421, help="port (default 8421; 0: any free one)")
-    _add_common(p)
+    _add_common(p, kafka=False)
     p.set_defaults(func=commands.cmd_ui)
 
     otlp_cli.add(sub, _add_common)

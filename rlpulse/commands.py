@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 
 from rlpulse.base import env as envvars
@@ -87,12 +88,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.list:
         if args.sql or args.saved:
             raise ValueError("--list takes no SQL and no --saved")
-        saved = queries.list_saved()
-        width = max((len(n) for n in saved), default=0)
-        for name, about in saved.items():
-            params = queries.placeholders(queries.load_saved(name))
-            takes = ("  (--param " + ", ".join(f"{n}: {t}" for n, t in params.items()) + ")") if params else ""
-            print(f"{name.ljust(width)}  {about}{takes}")
+        sys.stdout.write(saved_listing(queries.list_saved(), shutil.get_terminal_size().columns))
         return 0
     if bool(args.sql) == bool(args.saved):
         raise ValueError("give either SQL or --saved NAME (or --list)")
@@ -117,6 +113,24 @@ def cmd_query(args: argparse.Namespace) -> int:
             return 1
     sys.stdout.write(queries.render(columns, rows, args.format))
     return 0
+
+
+def saved_listing(saved: dict[str, str], columns: int) -> str:
+    """``rlpulse query --list``: each saved query's name, then its whole description and parameters
+    wrapped to ``columns`` (the terminal's width) under a hanging indent, never cut mid-sentence."""
+    import textwrap
+
+    from rlpulse.sinks.read import queries
+
+    width = max((len(n) for n in saved), default=0)
+    text_width = max(columns - width - 2, 30)  # a narrow terminal still gets readable lines
+    out = []
+    for name, about in saved.items():
+        params = queries.placeholders(queries.load_saved(name))
+        takes = ("(--param " + ", ".join(f"{n}: {t}" for n, t in params.items()) + ")") if params else ""
+        lines = textwrap.wrap(f"{about} {takes}".strip(), text_width, break_on_hyphens=False) or [""]
+        out.append(f"{name.ljust(width)}  {lines[0]}\n" + "".join(f"{'':{width}}  {line}\n" for line in lines[1:]))
+    return "".join(out)
 
 
 def _say(line: str) -> None:
@@ -148,39 +162,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from rlpulse import services
-    from rlpulse.pipeline import STREAMS_TOPICS, existing_groups, partition_lag
-    from rlpulse.producers.otlp.ingest import ingest_group
-    from rlpulse.schemas.catalogue import OTLP_TOPICS, RAW_TOPICS, sink_topics
+    from rlpulse.status import print_status
 
-    settings = settings_of(args)
-    code = services.main(settings, "status")
-    if code != 0:
-        return code
-    groups = [(settings.app_id, STREAMS_TOPICS), (settings.sink_group, sink_topics(settings.sink_raw))]
-    known = existing_groups(settings)
-    # Shown when they exist: `rlpulse alerts`' group, the OTLP ingest's, and ClickHouse's Kafka engine
-    # (migrate --kafka-engine).
-    groups += [(g, t) for g, t in ((f"{settings.topic_prefix}-alerts", ("alerts",)), (ingest_group(settings), OTLP_TOPICS),
-                                   (f"{settings.topic_prefix}-ch-kafka", RAW_TOPICS)) if g in known]
-    for group, topics in groups:
-        try:
-            rows = partition_lag(settings, group, topics)
-        except RuntimeError as exc:  # topics not created yet
-            print(f"consumer group {group}: {exc}")
-            continue
-        per_topic = {settings.topic(t): 0 for t in topics}
-        for topic, _partition, committed, end in rows:
-            per_topic[topic] += max(end - committed, 0)
-        print(f"consumer group {group}: lag " + ", ".join(f"{t} {n}" for t, n in per_topic.items())
-              + ("" if group in known else " (the group has not committed yet)"))
-        # one line per partition: topic[partition]  committed / end = lag
-        names = [f"{topic}[{partition}]" for topic, partition, _, _ in rows]
-        width = max(map(len, names), default=0)
-        digits = max((len(str(end)) for *_, end in rows), default=1)
-        for name, (_, _, committed, end) in zip(names, rows):
-            print(f"  {name.ljust(width)}  {committed:>{digits}} / {end:>{digits}} = {max(end - committed, 0)}")
-    return 0
+    return print_status(settings_of(args), detail=args.detail or args.verbose)
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
@@ -314,7 +298,7 @@ def _require_rows(store, run: str | None, project: str | None) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from rlpulse.sinks.store.clickhouse import open_reader, require_database
+    from rlpulse.sinks.store.clickhouse import open_reader
     from rlpulse.sinks.views.export import Filters, Shape, export_to
 
     filters = Filters(project=args.project, run_id=args.run_id, min_step=args.min_step, max_step=args.max_step,
@@ -326,7 +310,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     shape.check()
     settings = settings_of(args)
     with open_reader(settings.clickhouse_dsn, owner="rlpulse export") as store:
-        require_database(store)
+        # As `report`: a run or project the store has no rows of is an error (exit 1, naming it and the latest
+        # ones), checked before the file is opened, so no empty file is left to be taken for an export.
+        _require_rows(store, args.run_id, args.project)
         done = export_to(store, args.what, args.output, args.format, filters, args.page_size, shape)
     # stderr: the output may be stdout
     print(f"rlpulse export: {done.rows} {args.what} rows of {done.trajectories} trajectories to {args.output} "

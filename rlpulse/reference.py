@@ -183,18 +183,17 @@ def alerts_page() -> str:
 
 
 def queries_page() -> str:
-    from rlpulse.sinks.read.queries import SAVED
+    from rlpulse.sinks.read.queries import SAVED, split_header
 
     parts = [HEADER, "# Saved queries\n\n",
              "Run one with `rlpulse query --saved NAME [--param key=value ...]`; `rlpulse query --list` lists them. "
-             "Each is a `.sql` file in `sinks/read/queries/`, headed by the comment below.\n"]
+             "Each is a `.sql` file in `sinks/read/queries/`, headed by a comment: what the query returns (the first "
+             "paragraph below, as `--list` and the Grafana panels show it), then its parameters and how it reads "
+             "the tables.\n"]
     for path in sorted(SAVED.glob("*.sql")):
-        head = []
-        for line in path.read_text().splitlines():
-            if not line.startswith("--"):
-                break
-            head.append(line[2:].strip())
-        parts.append(f"\n## {path.stem}\n\n" + "\n".join(head) + "\n")
+        sql = path.read_text()
+        about, notes = split_header(sql)
+        parts.append(f"\n## {path.stem}\n\n{about}\n" + (f"\n{notes}\n" if notes else ""))
     return "".join(parts)
 
 

@@ -1,9 +1,10 @@
 """Ad-hoc and saved SQL queries (``rlpulse query``), run read-only.
 
-Saved queries are the ``.sql`` files in ``sinks/read/queries/``: the first comment line describes the
-query, ``{db}`` stands for the database name, and ``{name:Type}`` placeholders are ClickHouse
-server-side parameters: values travel as ``parameters=`` and ClickHouse parses them for the
-declared type, so nothing is pasted into the SQL text.
+Saved queries are the ``.sql`` files in ``sinks/read/queries/``: the leading comment paragraph (up to
+its ``Params`` sentence) describes the query, ``{db}`` stands for the database name, and
+``{name:Type}`` placeholders are ClickHouse server-side parameters: values travel as
+``parameters=`` and ClickHouse parses them for the declared type, so nothing is pasted into the
+SQL text.
 
 Queries run with the setting ``readonly=1``. With clickhouse-connect's chDB backend a per-query
 setting stays on for that client's later queries, so the client handed to ``run_query`` must be
@@ -60,12 +61,41 @@ _EXAMPLES = (("DateTime", "'2026-01-31 12:00:00'"), ("Date", "2026-01-31"), ("Fl
 
 
 def list_saved() -> dict[str, str]:
-    """Saved query name -> its first comment line."""
-    out = {}
-    for path in sorted(SAVED.glob("*.sql")):
-        first = next((line.strip()[2:].strip() for line in path.read_text().splitlines() if line.strip().startswith("--")), "")
-        out[path.stem] = first
-    return out
+    """Saved query name -> its description: the leading comment paragraph, joined into one line."""
+    return {path.stem: description(path.read_text()) for path in sorted(SAVED.glob("*.sql"))}
+
+
+# Where a saved query's description ends: its "Params" sentence, at a line's start or after a sentence.
+_PARAMS = re.compile(r"(?:^|(?<=[.;:)]))\s*Params\b")
+
+
+def split_header(sql: str) -> tuple[str, str]:
+    """A saved query's header comment as (description, notes), each joined into one line.
+
+    The description is the leading paragraph: the comment lines before the first of a ``Params``
+    sentence, a blank comment line or the SQL; the whole paragraph, not its first line, so that a
+    description wrapped over lines reads as one sentence in ``rlpulse query --list``, the Grafana
+    panels and docs/reference/. The notes are the rest of the header (parameters, dedup, edge cases)."""
+    head = []
+    for line in sql.splitlines():
+        if not line.strip().startswith("--"):
+            break
+        head.append(line.strip()[2:].strip())
+    about: list[str] = []
+    rest: list[str] = []
+    for i, text in enumerate(head):
+        cut = _PARAMS.search(text)
+        if cut or not text:
+            about.append(text[:cut.start()] if cut else "")
+            rest = ([text[cut.start():]] if cut else []) + head[i + 1:]
+            break
+        about.append(text)
+    return " ".join(" ".join(about).split()), " ".join(" ".join(rest).split())
+
+
+def description(sql: str) -> str:
+    """What saved query text ``sql`` returns: its header's leading paragraph (:func:`split_header`)."""
+    return split_header(sql)[0]
 
 
 def load_saved(name: str) -> str:

@@ -1,14 +1,18 @@
 """The Grafana dashboard for ``docker compose``, generated from the saved queries (``sinks/read/queries/*.sql``).
 
-One panel per saved query, in ``list_saved()`` order, on the official ClickHouse data source plugin
-(``grafana-clickhouse-datasource``, provisioned with uid ``rlpulse-clickhouse``). Per-step queries are
-drawn as trend panels (x axis ``step``: Grafana's time series panel needs a time column); the others
-are tables. Regenerate the checked-in dashboard after changing a saved query::
+Rows by the question a user opens it with: "Is training healthy?" (reward, clipped ratio), "Are
+graders failing?" (failures by cause, failure rate by term), "Are the engines and GPUs busy?" (KV
+cache, queue, GPU utilisation and power): time series of the dashboard's run over its time range,
+two to a line (sinks/views/grafana_panels.py). Below them a collapsed "Tables" row holds one table
+per saved query, in ``list_saved()`` order. Every panel reads the official ClickHouse data source
+plugin (``grafana-clickhouse-datasource``, provisioned with uid ``rlpulse-clickhouse``). Regenerate
+the checked-in dashboard after changing a saved query or a panel::
 
     python -m rlpulse.sinks.views.grafana > deploy/grafana/dashboards/rlpulse.json
 
-The saved queries' header comments become the panel descriptions; the SQL body becomes ``rawSql`` with
-the ClickHouse server-side parameters replaced by Grafana variables or plugin macros:
+A panel's description is its saved query's whole description (``list_saved()``: the header's
+leading paragraph); the SQL (a table's: the saved query's body) becomes ``rawSql`` with the
+ClickHouse server-side parameters replaced by Grafana variables or plugin macros:
 
     {db}                          -> rlpulse
     {run_id:String}               -> decodeURLComponent('${run_id:percentencode}')            (query variable:
@@ -43,8 +47,9 @@ from typing import Any
 from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
-from rlpulse.sinks.read.queries import PLACEHOLDER, list_saved, load_saved
 from rlpulse.base.errors import Error
+from rlpulse.sinks.read.queries import PLACEHOLDER, list_saved, load_saved
+from rlpulse.sinks.views.grafana_panels import ROWS, TABLES_ROW, TimeSeries
 
 DATABASE = "rlpulse"
 DATASOURCE = {"type": "grafana-clickhouse-datasource", "uid": "rlpulse-clickhouse"}
@@ -55,11 +60,6 @@ MAPPING: dict[str, tuple[str, str]] = {
     "rollout_id": ("String", "decodeURLComponent('${rollout_id:percentencode}')"),
     "since": ("DateTime64", "$__fromTime_ms"),
     "until": ("DateTime64", "$__toTime_ms"),
-}
-# Saved queries drawn as a trend (x = step) and the columns plotted; the rest are tables.
-TRENDS: dict[str, list[str]] = {
-    "clipped-ratio-trend": ["clipped_ratio", "change"],
-    "reward-percentiles": ["p10", "p50", "p90"],
 }
 RUN_IDS_SQL = f"SELECT DISTINCT run_id FROM {DATABASE}.steps ORDER BY run_id DESC LIMIT 200"
 
@@ -136,41 +136,93 @@ def grafana_sql(name: str, sql: str) -> str:
     return PLACEHOLDER.sub(swap, body).replace("{db}", DATABASE)
 
 
-def _description(sql: str) -> str:
-    return "\n".join(line.strip()[2:].strip() for line in sql.splitlines() if line.strip().startswith("--"))
+WIDTH, HALF = 24, 12  # Grafana's grid is 24 columns wide
+SERIES_H, TABLE_H = 8, 8
 
 
-def panel(name: str, panel_id: int, y: int) -> dict[str, Any]:
-    """Saved query ``name`` as a panel: a trend of ``TRENDS[name]`` over ``step``, else a table."""
-    sql = load_saved(name)
-    target = {
+def _target(sql: str, series: bool) -> dict[str, Any]:
+    # format 0 / queryType timeseries: the plugin turns a long frame (time, label columns, values)
+    # into one series per label value; format 1 / table: the rows as they come
+    return {"datasource": DATASOURCE, "editorType": "sql", "format": 0 if series else 1,
+            "queryType": "timeseries" if series else "table", "rawSql": sql, "refId": "A"}
+
+
+def _about(name: str, drawn: str = "") -> str:
+    """A panel's description: saved query ``name``'s whole description, what the panel draws of it,
+    and the command that prints the same figures."""
+    return list_saved()[name] + (f"\n\nDrawn here: {drawn}." if drawn else "") + f"\n\n`rlpulse query --saved {name}`"
+
+
+def table_panel(name: str, panel_id: int, y: int) -> dict[str, Any]:
+    """Saved query ``name`` as a table, its SQL the saved query's with the parameters as variables/macros."""
+    return {
         "datasource": DATASOURCE,
-        "editorType": "sql",
-        "format": 1,
-        "queryType": "table",
-        "rawSql": grafana_sql(name, sql),
-        "refId": "A",
-    }
-    out: dict[str, Any] = {
-        "datasource": DATASOURCE,
-        "description": _description(sql),
+        "description": _about(name),
         "id": panel_id,
         "title": name,
-        "gridPos": {"h": 10, "w": 24, "x": 0, "y": y},
-        "targets": [target],
+        "gridPos": {"h": TABLE_H, "w": WIDTH, "x": 0, "y": y},
+        "targets": [_target(grafana_sql(name, load_saved(name)), series=False)],
         "type": "table",
         "fieldConfig": {"defaults": {}, "overrides": []},
         "options": {"cellHeight": "sm", "showHeader": True},
     }
-    if name in TRENDS:
-        out["type"] = "trend"
-        out["options"] = {
-            "xField": "step",
-            "tooltip": {"mode": "multi", "sort": "none"},
-            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-        }
-        out["fieldConfig"]["defaults"] = {"custom": {"drawStyle": "line", "showPoints": "auto", "spanNulls": False}}
-        out["transformations"] = [{"id": "filterFieldsByName", "options": {"include": {"names": ["step", *TRENDS[name]]}}}]
+
+
+def series_panel(ts: TimeSeries, panel_id: int, x: int, y: int) -> dict[str, Any]:
+    """``ts`` as a time series panel, half the grid's width."""
+    custom: dict[str, Any] = {"drawStyle": "bars" if ts.bars else "line", "lineWidth": 1,
+                              "fillOpacity": 80 if ts.bars else 0, "showPoints": "never" if ts.bars else "auto",
+                              "spanNulls": False, "stacking": {"group": "A", "mode": "normal" if ts.bars else "none"}}
+    defaults: dict[str, Any] = {"unit": ts.unit, "custom": custom}
+    if ts.fraction:
+        defaults.update(min=0, max=1)
+    if ts.labels:
+        # one series per label value: the legend names it by the label, and by the value's column
+        # where the panel draws several
+        label = "${__field.labels." + ts.labels[0] + "}"
+        defaults["displayName"] = label if len(ts.values) == 1 else "${__field.name} " + label
+    return {
+        "datasource": DATASOURCE,
+        "description": _about(ts.saved, ts.drawn),
+        "id": panel_id,
+        "title": ts.title,
+        "gridPos": {"h": SERIES_H, "w": HALF, "x": x, "y": y},
+        "targets": [_target(grafana_sql(ts.title, ts.sql), series=True)],
+        "type": "timeseries",
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                    "tooltip": {"mode": "multi", "sort": "none"}},
+    }
+
+
+def _row(title: str, panel_id: int, y: int, collapsed: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A row header; a collapsed row holds its panels (Grafana lays them out when it is opened)."""
+    return {"type": "row", "title": title, "id": panel_id, "gridPos": {"h": 1, "w": WIDTH, "x": 0, "y": y},
+            "collapsed": collapsed is not None, "panels": collapsed or []}
+
+
+def panels() -> list[dict[str, Any]]:
+    """The dashboard's top-level panels: each question's row and its time series two to a line,
+    then the collapsed Tables row with a table per saved query."""
+    out: list[dict[str, Any]] = []
+    y = 0
+    for title, series in ROWS:
+        out.append(_row(title, len(out) + 1, y))
+        y += 1
+        for i, ts in enumerate(series):
+            out.append(series_panel(ts, len(out) + 1, HALF * (i % 2), y + SERIES_H * (i // 2)))
+        y += SERIES_H * -(-len(series) // 2)
+    first = len(out) + 2  # the Tables row takes the next id, its tables the ones after it
+    tables = [table_panel(name, first + i, y + 1 + TABLE_H * i) for i, name in enumerate(list_saved())]
+    out.append(_row(TABLES_ROW, first - 1, y, tables))
+    return out
+
+
+def flat_panels(dashboard_: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every panel that runs a query, the collapsed rows' included, in order (rows themselves left out)."""
+    out: list[dict[str, Any]] = []
+    for p in dashboard_["panels"]:
+        out += [p] if p["type"] != "row" else p["panels"]
     return out
 
 
@@ -213,12 +265,12 @@ def _variables() -> list[dict[str, Any]]:
 
 
 def dashboard() -> dict[str, Any]:
-    """The dashboard JSON (as a dict): the variables and one panel per saved query."""
-    panels = [panel(name, i + 1, 10 * i) for i, name in enumerate(list_saved())]
+    """The dashboard JSON (as a dict): the variables, the rows of time series, the tables."""
     return {
         "uid": "rlpulse",
         "title": "rlpulse",
-        "description": "Generated by `python -m rlpulse.sinks.views.grafana` from sinks/read/queries/*.sql",
+        "description": "Generated by `python -m rlpulse.sinks.views.grafana` from sinks/read/queries/*.sql "
+                       "and sinks/views/grafana_panels.py",
         "tags": ["rlpulse"],
         "editable": True,
         "graphTooltip": 1,
@@ -230,7 +282,7 @@ def dashboard() -> dict[str, Any]:
         "refresh": "",
         "annotations": {"list": []},
         "links": [],
-        "panels": panels,
+        "panels": panels(),
         "templating": {"list": _variables()},
     }
 

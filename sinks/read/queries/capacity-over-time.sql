@@ -1,4 +1,4 @@
--- Pool occupancy over time: per minute and pool, the devices declared, observed, granted and queued
+-- Pool occupancy over time: per minute and pool, the devices declared, observed, granted and queued,
 -- and the queued claims. Params (required): since, until: DateTime64(3, 'UTC').
 -- Per minute the largest figure any instance reported in it: max across instances (and across an
 -- instance's reports within the minute), never the sum, which would count the same devices once per

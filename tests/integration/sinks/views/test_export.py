@@ -171,3 +171,26 @@ def test_the_command_line(store_url: str, tmp_path: Path) -> None:
     assert done.returncode == 2 and "invalid choice: 'maybe'" in done.stderr
     done = cli(f"chdb://{tmp_path / 'empty'}", "triplets", "-o", str(tmp_path / "e.jsonl"))
     assert done.returncode == 1 and "has no data yet" in done.stderr and not (tmp_path / "e.jsonl").exists()
+
+
+@pytest.mark.full
+def test_an_unknown_run_or_project_exits_1_naming_it_and_writes_no_file(store_url: str, tmp_path: Path) -> None:
+    """As `rlpulse report RUN --html`: a run the store has no rows of is an error, not an empty export."""
+    out = tmp_path / "t.jsonl"
+    done = cli(store_url, "triplets", "-o", str(out), "--run", "nobody")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == (f"rlpulse export: no rows name run 'nobody' in {store_url}. "
+                                   "Latest runs: run-b, run-a")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    done = cli(store_url, "messages", "-o", "-", "--project", "nobody")
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    assert done.stderr.strip() == (f"rlpulse export: no rows of project 'nobody' in {store_url}. "
+                                   "Latest projects: pb, pa")
+    # a run that exists with a selection that holds nothing is still a valid, empty export (exit 0)
+    done = cli(store_url, "messages", "-o", str(out), "--run", "run-b", "--min-step", "5")
+    assert done.returncode == 0 and out.read_bytes() == b"", done.stderr
+    # what `report` says of the same run
+    report = subprocess.run([sys.executable, "-m", "rlpulse.cli", "report", "nobody", "--html", str(tmp_path / "r.html")],
+                            env={**os.environ, "RLPULSE_CLICKHOUSE_URL": store_url, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 1 and "no rows name run 'nobody'" in report.stderr, report.stderr

@@ -192,7 +192,7 @@ def test_migrations_and_inserts_run_under_exactly_the_sink_grants(tmp_path: Path
     assert out["migrate"] == ("ok", sorted(p.stem for p in MIGRATIONS.glob("*.sql")))
     assert out["migrate again"] == ("ok", [])
     assert out["input"][0] == "ok" and out["insert"][0] == "ok" and out["count"] == ("ok", [["r1", 7]])
-    assert out["columns"] == ("ok", [[19]])
+    assert out["columns"] == ("ok", [[20]])  # migration 018 added steps.config
     for step, grant in [("other database", "CREATE TABLE ON default.x"), ("ttl", "ALTER TTL ON rlpulse.spans"),
                         ("truncate", "TRUNCATE ON rlpulse.steps"), ("users", "SHOW USERS ON *.*")]:
         status, message = out[step]
