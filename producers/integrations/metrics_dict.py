@@ -82,6 +82,19 @@ def telemetry_for(project: str, run_id: str, attempt: int = 1, trainer: str = "r
                              world_size=env_world if world_size is None else world_size, **kwargs)
 
 
+def send_settings(telemetry: TrainingTelemetry, config: Any, framework: str) -> None:
+    """``config`` (the trainer's own: TRL's arguments, verl's config, OpenRLHF's args) as the run's
+    settings (``TrainingTelemetry.set_config``: on RUN_START, or a second one once started), unless
+    ``config`` is None or the telemetry was given settings of its own, which are the user's choice.
+    Settings that cannot be read are logged, never raised: telemetry never stops training."""
+    if config is None or telemetry.config:
+        return
+    try:
+        telemetry.set_config(config)
+    except ValueError:
+        log.exception("rlpulse could not read %s's config as the run's settings; the run goes on without them", framework)
+
+
 def metric_name(name: Any) -> str | None:
     """``name`` within the SDK's limits: text, ASCII (others escaped as ``\\uXXXX``), at most
     MAX_NAME characters (a longer one keeps its start and ends in ``~`` and a hash of the whole,

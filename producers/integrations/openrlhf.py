@@ -12,8 +12,10 @@ through ``ray job submit``, one field of the runtime env installs it in the trai
     ray job submit --runtime-env-json='{"worker_process_setup_hook": "rlpulse.producers.integrations.openrlhf.install"}' \\
         -- python3 -m openrlhf.cli.train_ppo_ray ...
 
-The run is ``--logger.wandb.project`` / ``--logger.wandb.run_name``. In a script of your own that
-holds a trainer object, ``attach(trainer, tel)`` does the same.
+The run is ``--logger.wandb.project`` / ``--logger.wandb.run_name``; its settings (RUN_START's ``config``)
+are the trainer's ``args`` (nested namespaces, as OpenRLHF's ``hierarchize`` builds them from
+``--actor.adam.lr``-style flags: dotted names again; ``logger.wandb.key`` as ``***``). In a script
+of your own that holds a trainer object, ``attach(trainer, tel)`` does the same.
 
 Step mapping: the step is OpenRLHF's ``global_step`` as it logs it (``train_step`` returns
 ``global_step + 1``, so the first update is step 1). ``log_train`` completes its step (STEP) with
@@ -51,7 +53,7 @@ from collections.abc import Mapping
 
 from rlpulse.producers.integrations.completions import (DEFAULT_CONTENT_LIMIT, Completion, CompletionPublisher,
                                                         Generations, completion_publisher, finite, scalars)
-from rlpulse.producers.integrations.metrics_dict import MetricsPublisher, patch_on_import, telemetry_for
+from rlpulse.producers.integrations.metrics_dict import MetricsPublisher, patch_on_import, send_settings, telemetry_for
 from rlpulse.producers.sdk.process import run_status
 from rlpulse.producers.sdk.telemetry import TrainingTelemetry
 
@@ -151,6 +153,7 @@ def attach(trainer: Any, telemetry: TrainingTelemetry, owns_telemetry: bool = Fa
     ``content`` (None: ``RLPULSE_TRACE_CONTENT``): also each rollout's prompt and completion (the module
     docstring says from where), each content attribute at most ``content_limit`` characters."""
     args = getattr(trainer, "args", None)
+    send_settings(telemetry, args, "OpenRLHF")  # install's telemetry has them already (its first RUN_START)
     model = getattr(getattr(args, "actor", None), "model_name_or_path", None)
     completions = completion_publisher(telemetry, "openrlhf.generate", content, content_limit, token_ids,
                                        model if isinstance(model, str) else None)
@@ -231,6 +234,7 @@ def register(trainer_class: Any, options: Mapping[str, Any] | None = None) -> No
         init(self, *args, **kwargs)
         try:
             telemetry = _telemetry(trainer_class._rlpulse_options, getattr(self, "args", None))
+            send_settings(telemetry, getattr(self, "args", None), "OpenRLHF")  # before start: on the first RUN_START
             telemetry.start()
         except Exception:  # a name the SDK refuses, a bad setting: the training runs on without telemetry
             log.exception("rlpulse: no telemetry for this OpenRLHF run")

@@ -61,6 +61,9 @@ are skipped and counted; the first skip of each name is logged, and a summary at
 ``trl.generate`` per rollout (``rlpulse.producers.integrations.completions``) from the ``prompts`` and
 ``completions`` the reward functions get; ``trainer._generate`` is wrapped for its time and ``prompt_ids``.
 
+**Settings.** ``trainer.args`` (a ``GRPOConfig``: its ``to_dict()``, tokens hidden) are the run's settings,
+on its RUN_START (a telemetry already started: on a second one, ``set_config``; one given its own keeps them).
+
 **Ranks.** The process index and count of TRL's accelerator are the SDK's rank and world size:
 each process publishes the rollouts and grader calls it scored; rank 0 alone counts steps.
 """
@@ -78,6 +81,7 @@ from collections.abc import Callable, Mapping
 from rlpulse.producers.integrations.trl_values import GraderFailure, for_trl, outcome_of, scalars
 from rlpulse.producers.integrations.completions import (DEFAULT_CONTENT_LIMIT, Completion, CompletionPublisher,
                                                         Generations, completion_publisher)
+from rlpulse.producers.integrations.metrics_dict import send_settings
 from rlpulse.producers.sdk import events as v
 from rlpulse.producers.sdk.batch import RolloutBatch
 from rlpulse.producers.sdk.process import run_status
@@ -107,6 +111,7 @@ class TrlTelemetry:
         self._step_started: float | None = None
         self._tokens_seen = 0
         self._pending: tuple[int, int, float] | None = None  # (step, tokens, duration_s) awaiting its log
+        self._configured = False
 
     # -- reward functions ------------------------------------------------------------------------
     def wrap(self, func: Callable[..., Any], index: int) -> Callable[..., Any]:
@@ -250,7 +255,15 @@ class TrlTelemetry:
                 log.exception("rlpulse could not publish the rollouts of step %d", batch.step)
 
     # -- TrainerCallback events ------------------------------------------------------------------
+    def configure(self, args: Any) -> None:
+        """``args`` (the trainer's ``TrainingArguments``) as the run's settings, once (the module docstring)."""
+        if self._configured or args is None:
+            return
+        self._configured = True
+        send_settings(self.tel, args, "TRL")
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.configure(args)
         self.tel.start()
         self._tokens_seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
 
@@ -367,6 +380,7 @@ def instrument(trainer: Any, project: str, run_id: str, attempt: int = 1, stage:
 
     @functools.wraps(train)
     def train_reporting(*args: Any, **kwargs: Any) -> Any:
+        hooks.configure(getattr(trainer, "args", None))  # before start: the settings ride the first RUN_START
         hooks.tel.start()
         try:
             result = train(*args, **kwargs)

@@ -10,7 +10,8 @@ like verl's own::
     python -m verl.trainer.main_ppo ... trainer.logger='[console,rlpulse]' \\
         +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=rlpulse.producers.integrations.verl.install
 
-The run is ``trainer.project_name`` / ``trainer.experiment_name``. verl's PPO trainer (v1, the
+The run is ``trainer.project_name`` / ``trainer.experiment_name``; its settings (RUN_START's ``config``)
+are the config verl hands ``Tracking`` (its whole OmegaConf config, resolved). verl's PPO trainer (v1, the
 default) ends its ``Tracking`` with ``finish(exit_code=0 or 1)``: RUN_END is finished or failed.
 
 Other ways in: ``attach(tracking, tel)`` adds the backend to a ``Tracking`` you hold; and
@@ -48,7 +49,7 @@ from collections.abc import Mapping
 
 from rlpulse.producers.integrations.completions import (DEFAULT_CONTENT_LIMIT, Completion, CompletionPublisher,
                                                         completion_publisher, finite)
-from rlpulse.producers.integrations.metrics_dict import MetricsPublisher, patch_on_import, telemetry_for
+from rlpulse.producers.integrations.metrics_dict import MetricsPublisher, patch_on_import, send_settings, telemetry_for
 from rlpulse.producers.integrations.verl_rollouts import TRAINER_MODULES, current_backends, register_trainer_of
 from rlpulse.producers.integrations.verl_rollouts import register_trainer as register_trainer  # part of this module's API
 from rlpulse.producers.sdk.telemetry import TrainingTelemetry
@@ -122,12 +123,15 @@ class VerlLogger:
 
 
 def attach(tracking: Any, telemetry: TrainingTelemetry, owns_telemetry: bool = False, content: bool | None = None,
-           content_limit: int = DEFAULT_CONTENT_LIMIT, token_ids: bool = False, model: str | None = None) -> VerlLogger:
+           content_limit: int = DEFAULT_CONTENT_LIMIT, token_ids: bool = False, model: str | None = None,
+           config: Any = None) -> VerlLogger:
     """Add the backend to a ``verl.utils.tracking.Tracking`` already built: ``Tracking.log``
     calls every entry of its ``logger`` dict. ``Tracking.finish`` does not finish it unless
     ``install`` ran in this process; the telemetry's own context manager ends the run.
+    ``config``: the config given to the ``Tracking`` (which does not keep it), the run's settings.
     ``content`` (None: ``RLPULSE_TRACE_CONTENT``): this backend publishes the rollouts of the trainer
     classes ``register_trainer`` patched (``install`` does), each content attribute capped at ``content_limit``."""
+    send_settings(telemetry, config, "verl")
     completions = completion_publisher(telemetry, "verl.generate", content, content_limit, token_ids, model)
     backend = VerlLogger(telemetry, owns_telemetry=owns_telemetry, completions=completions)
     tracking.logger[BACKEND] = backend
@@ -178,6 +182,7 @@ def register(tracking_class: Any, options: Mapping[str, Any] | None = None) -> N
         options = type(self)._rlpulse_options
         try:
             telemetry = _telemetry(options, given)
+            send_settings(telemetry, given.get("config"), "verl")  # before start: on the first RUN_START
             telemetry.start()
         except Exception:  # a name the SDK refuses, a bad setting: the training runs on without telemetry
             log.exception("rlpulse: no telemetry for this verl run")

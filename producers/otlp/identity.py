@@ -7,6 +7,13 @@ rlpulse's own (``rlpulse.*``) are both read; a job sets them as resource attribu
 ``OTEL_RESOURCE_ATTRIBUTES=akka.optimize.training.run.id=r1,akka.optimize.training.run.attempt=1``.
 A resource without a run id cannot be placed: the whole request is refused (:class:`OtlpRejected`),
 so nothing of it is half-translated and the message goes to the dead-letter topic with the reason.
+
+Seed 001: "every signal from a job carries the training job resource attributes, which identify the
+run, attempt, training project, pipeline stage, and training settings". :func:`training_settings`
+reads the settings: each resource attribute ``rlpulse.config.<name>``, and each
+``akka.optimize.training.<name>`` other than the identity and label attributes rlpulse reads
+(:data:`NOT_SETTINGS`), as ``<name>`` (an ``rlpulse.config.`` one wins over the seed's of the same
+name), bounded and redacted by the SDK's ``flatten_config``. They ride the run's RUN_START.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlpulse.base.errors import Error
+from rlpulse.producers.sdk.run_config import flatten_config
 
 SEED = "akka.optimize.training."
 # Each identity field and the attribute names that give it, the first present wins.
@@ -27,6 +35,13 @@ STAGE_KEYS = (SEED + "stage", "rlpulse.stage")
 STEP_KEYS = (SEED + "rl.step", SEED + "step", "rlpulse.step")
 ROLLOUT_KEYS = (SEED + "rl.rollout.id", "rlpulse.rollout_id")
 ROLLOUT_ATTEMPT_KEYS = (SEED + "rl.rollout.attempt", "rlpulse.attempt_id")
+CONFIG_PREFIX = "rlpulse.config."  # a training setting by rlpulse's name: rlpulse.config.learning_rate
+# The seed's attributes that say which run, step, rollout or series a signal is, never a setting.
+NOT_SETTINGS = frozenset((*PROJECT_KEYS, *RUN_KEYS, *ATTEMPT_KEYS, *STAGE_KEYS, *STEP_KEYS, *ROLLOUT_KEYS,
+                          *ROLLOUT_ATTEMPT_KEYS, *(SEED + k for k in (
+                              "rl.term", "rl.grader.outcome", "rl.grader.failure.cause", "rl.grader.score", "rl.reward",
+                              "run.status", "job.rank", "job.role", "instance", "pool", "pool.serving",
+                              "pool.accelerator", "claim.state"))))
 DEFAULT_PROJECT_KEY = "service.name"  # the project when none is named: what every OTel SDK sets
 DEFAULT_PROJECT = "default"
 
@@ -134,3 +149,21 @@ def step_of(*scopes: Mapping[str, Any]) -> int | None:
     """The training step named by ``scopes``, or None."""
     step = first(STEP_KEYS, *scopes)
     return None if step is None else integer(step, "the step")
+
+
+def training_settings(resource: Mapping[str, Any]) -> dict[str, str]:
+    """The training settings among a resource's attributes (the module docstring), flattened as the
+    SDK's ``config=``; OtlpRejected naming the problem when they cannot be (a name given twice once
+    nested names are dotted, one under ``_rlpulse.``)."""
+    seed, own = {}, {}
+    for key, value in resource.items():
+        if key.startswith(CONFIG_PREFIX):
+            own[key[len(CONFIG_PREFIX):]] = value
+        elif key.startswith(SEED) and key not in NOT_SETTINGS:
+            seed[key[len(SEED):]] = value
+    picked = {name: value.hex() if isinstance(value, bytes) else value
+              for name, value in {**seed, **own}.items() if value is not None}
+    try:
+        return flatten_config(picked)
+    except ValueError as exc:
+        raise OtlpRejected(f"the training settings in the resource attributes: {exc}") from None

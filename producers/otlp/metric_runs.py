@@ -9,7 +9,8 @@ from collections import Counter
 from typing import Any, Protocol
 
 from rlpulse.producers.otlp import metric_points as mp
-from rlpulse.producers.otlp.identity import RUN_KEYS, SEED, Identity, OtlpRejected, Out, first, identity, integer
+from rlpulse.producers.otlp.identity import (RUN_KEYS, SEED, Identity, OtlpRejected, Out, first, identity, integer,
+                                             training_settings)
 from rlpulse.schemas.catalogue import (GRADER_FAILURES_TOPIC, GRADER_WINDOWS_TOPIC, HARDWARE_TOPIC,
                                        LENGTH_HISTOGRAMS_TOPIC, REWARD_HISTOGRAMS_TOPIC, STEP_STATS_TOPIC,
                                        STEP_TERMS_TOPIC, STEPS_TOPIC, run_key)
@@ -100,7 +101,9 @@ class RunGroup:
         start_mark = ("start", i.project, i.run_id, i.attempt)
         if s.mark(start_mark) is None:
             s.set_mark(start_mark, 1, now_ns)
-            events.append(self._step(RUN_START, min(o.window[1] for o in self.obs), -1, total))
+            start = self._step(RUN_START, min(o.window[1] for o in self.obs), -1, total)
+            start["config"] = self._settings()
+            events.append(start)
         rose: int | None = None
         for c in sorted((o for o in self.obs if o.family == "count"), key=lambda o: o.window[1]):
             trainer, total = (RL if c.metric.startswith("rl.") else SFT), int(c.total)
@@ -126,6 +129,13 @@ class RunGroup:
         s.set_mark(run_mark, (seq, trainer, total), now_ns)
         return [self._out(STEPS_TOPIC, "Step", e) for e in events], rose
 
+    def _settings(self) -> dict[str, str]:
+        """The training settings of the group's resources (``identity.training_settings``): one in practice."""
+        merged: dict[str, Any] = {}
+        for o in reversed(self.obs):  # where resources differ, the first one's value of a name wins
+            merged.update(o.where[-1])
+        return training_settings(merged)
+
     def _step_gauges(self, s: Scratch, step: int | None) -> dict[str, Any]:
         g = {o.metric: float(o.value) for o in self._gauges(step) if isinstance(o.value, float)}
         tokens, throughput, mfu = int(g.get(mp.TOKENS, 0.0)), g.get(mp.THROUGHPUT, 0.0), g.get(mp.MFU)
@@ -139,7 +149,7 @@ class RunGroup:
         return {**self.ident.fields(), "time_ns": time_ns, "type": type_, "trainer": OTHER, "step": step,
                 "step_count": total, "tokens": 0, "duration_s": 0.0, "throughput": 0.0, "mfu": None,
                 "dropped_events": 0, "writer_id": self.writer, "sequence_id": 0, "spans_sent": 0, "metrics": {},
-                "status": None, **(figures or {})}
+                "status": None, "config": {}, **(figures or {})}
 
     # -- per-step figures ---------------------------------------------------------------------
     def _figures(self, s: Scratch, rose: int | None, now_ns: int) -> list[Out]:

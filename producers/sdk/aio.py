@@ -51,6 +51,8 @@ class SyncTelemetry(Protocol):
 
     def span_exporter(self) -> Any: ...
 
+    def set_config(self, config: Any) -> dict[str, str]: ...
+
 
 class AsyncTelemetry:
     """Coroutines over the sync telemetry ``sync``: ``async with face: await face.rollout(...)``."""
@@ -88,6 +90,9 @@ class AsyncTelemetry:
 
     async def publish_hardware(self, record_type: str, key: str, record: Any) -> bool:
         return self.sync.publish_hardware(record_type, key, record)
+
+    async def set_config(self, config: Any) -> dict[str, str]:
+        return self.sync.set_config(config)
 
     @property
     def dropped(self) -> int:

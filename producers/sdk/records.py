@@ -80,9 +80,9 @@ class Records:
                 "sequence_id": fields.get("sequence_id") or self.starts().at(fields["start_time_ns"])}
 
     def step(self, seq: int, a: tuple) -> dict[str, Any]:
-        now, type_, step, step_count, tokens, duration_s, mfu, spans_sent, metrics, status = a
+        now, type_, step, step_count, tokens, duration_s, mfu, spans_sent, metrics, status, config = a
         return {**self.step_base, "sequence_id": seq, "time_ns": now, "type": type_, "step": step, "spans_sent": spans_sent,
-                "metrics": metrics, "status": status,
+                "metrics": metrics, "status": status, "config": config,
                 "step_count": step_count, "tokens": tokens, "duration_s": duration_s,
                 "throughput": tokens / duration_s if duration_s > 0 else 0.0, "mfu": mfu,
                 "dropped_events": self.dropped()}

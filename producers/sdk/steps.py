@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 GRADER_CALLS_NOW, GRADER_CALLS_WITH_STEP = "call", "step"
 GRADER_CALLS = (GRADER_CALLS_NOW, GRADER_CALLS_WITH_STEP)  # the values of TrainingTelemetry's grader_calls
 _NO_METRICS: dict[str, float] = {}  # shared, never mutated
+_NO_CONFIG: dict[str, str] = {}  # shared, never mutated
 # A held call: what EventQueue.put takes (stream, channel, the call's checked arguments, estimated bytes).
 Held = tuple[int, Channel, Any, int]
 
@@ -178,17 +179,25 @@ class StepCalls:
         self._step_event("HEARTBEAT")
 
     def _step_event(self, type_: str, step: int = -1, tokens: int = 0, duration_s: float = 0.0, mfu: float | None = None,
-                    completed: int = 0, metrics: dict[str, float] = _NO_METRICS, status: str | None = None) -> None:
+                    completed: int = 0, metrics: dict[str, float] = _NO_METRICS, status: str | None = None,
+                    config: dict[str, str] = _NO_CONFIG, time_ns: int | None = None) -> None:
+        """Queue one step event; ``config`` (RUN_START only) is a ``flatten_config`` map, ``time_ns`` None: now."""
         with self._step_lock:  # so step_count and the sequence id rise together across threads
             self.step_count += completed
             # RUN_END says how many spans this writer numbered, so the streams can close the run as
             # soon as they have applied the last one instead of waiting for it to go quiet.
             spans_sent = self._sender.queue.last_sequence(SPANS) if type_ == "RUN_END" else 0
+            size = STEP_QUEUED_BYTES
+            if metrics:
+                size += DICT_QUEUED_BYTES + sum(map(len, metrics)) + ENTRY_BYTES * len(metrics)
+            if config:
+                size += DICT_QUEUED_BYTES + sum(len(k) + len(x) for k, x in config.items()) + ENTRY_BYTES * len(config)
             self._put(
                 STEPS,
                 self._step_channel,
-                (self._clock(), type_, step, self.step_count, tokens, duration_s, mfu, spans_sent, metrics, status),
-                STEP_QUEUED_BYTES + (DICT_QUEUED_BYTES + sum(map(len, metrics)) + ENTRY_BYTES * len(metrics) if metrics else 0),
+                (self._clock() if time_ns is None else time_ns, type_, step, self.step_count, tokens, duration_s, mfu,
+                 spans_sent, metrics, status, config),
+                size,
             )
 
     def _stop_held(self) -> None:

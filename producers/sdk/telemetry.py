@@ -23,6 +23,7 @@ from rlpulse.producers.sdk.checkpoints import CheckpointCalls
 from rlpulse.producers.sdk.delivery import Transport
 from rlpulse.producers.sdk.queue import DICT_QUEUED_BYTES, ENTRY_BYTES, GRADER_QUEUED_BYTES, ROLLOUT_QUEUED_BYTES, SPANS, Channel
 from rlpulse.producers.sdk.records import SPAN_NULLS, Records
+from rlpulse.producers.sdk.run_config import NO_CONFIG, ConfigCalls, flatten_config
 from rlpulse.producers.sdk.sender import DEFAULT_BUFFER_BYTES, Sender, SenderConfig
 from rlpulse.producers.sdk.sequence import StartSequence
 from rlpulse.producers.sdk.span_fields import SPAN_ENCODED_BYTES
@@ -42,20 +43,20 @@ _NO_SHARES: dict[str, float] = {}  # shared, never mutated: the builders only re
 assert v.MAX_DURATION_S == 1e9 and v.MAX_NAME == 256  # the calls test these literals
 
 
-class TrainingTelemetry(SenderFaces, StepCalls, CheckpointCalls):
+class TrainingTelemetry(SenderFaces, StepCalls, CheckpointCalls, ConfigCalls):
     """Publishes a run's rollouts, grader calls and steps without blocking the training thread.
 
-    Use as a context manager (RUN_START on enter, RUN_END and a final flush on exit). A
-    background timer sends a HEARTBEAT with the current ``step_count`` every
-    ``heartbeat_interval`` seconds, which the stall detector relies on. Each instance is one
-    writer: a random ``writer_id`` and its own sequence of ids for spans and for steps. Its copy
-    in a forked child (a DataLoader worker) is a writer of its own; an interpreter that exits
-    with it open delivers what it holds; an event after ``close()`` is still delivered (see
-    ``rlpulse.producers.sdk.process`` and ``_after_fork_in_child``). Events go to Kafka (``settings``), or
-    through ``transport`` when one is given (``rlpulse.producers.sdk.memory.InMemoryTransport``: no broker).
-    ``grader_calls``: ``call`` (default) publishes each ``grader()`` call when made; ``step`` holds
-    them until their step completes and never publishes those of a step the job did not complete
-    (seed 001; ``rlpulse.producers.sdk.steps``).
+    Use as a context manager (RUN_START on enter, RUN_END and a final flush on exit). A background
+    timer sends a HEARTBEAT with the current ``step_count`` every ``heartbeat_interval`` seconds,
+    which the stall detector relies on. Each instance is one writer: a random ``writer_id`` and its
+    own sequence of ids for spans and for steps. Its copy in a forked child (a DataLoader worker) is
+    a writer of its own; an interpreter that exits with it open delivers what it holds; an event
+    after ``close()`` is still delivered (``rlpulse.producers.sdk.process``, ``_after_fork_in_child``).
+    Events go to Kafka (``settings``), or through ``transport`` (``rlpulse.producers.sdk.memory``'s
+    ``InMemoryTransport``: no broker). ``grader_calls``: ``call`` (default) publishes each ``grader()``
+    call when made; ``step`` holds them until their step completes and never publishes those of a step
+    the job did not complete (seed 001; ``rlpulse.producers.sdk.steps``). ``config``: the run's
+    settings, sent on RUN_START (``rlpulse.producers.sdk.run_config``; a bad one raises ValueError here).
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class TrainingTelemetry(SenderFaces, StepCalls, CheckpointCalls):
         rank: int = 0,
         world_size: int = 1,
         grader_calls: str = "call",
+        config: Any = None,
     ):
         self.project = v.require_name("project", project)
         self.run_id = v.require_name("run_id", run_id)
@@ -86,6 +88,8 @@ class TrainingTelemetry(SenderFaces, StepCalls, CheckpointCalls):
                              f"got rank={rank!r}, world_size={world_size!r}")
         self.rank, self.world_size = rank, world_size
         grader_calls = v.require_choice("grader_calls", grader_calls, GRADER_CALLS)
+        self._config = NO_CONFIG if config is None else flatten_config(config)  # checked here: a bad one raises now
+        self._started_ns: int | None = None  # the time of this writer's RUN_START (set_config's second one has it)
         self.settings = settings or Settings.load()
         self.writer_id = os.urandom(8).hex()
         self.key = run_key(self.project, self.run_id)
@@ -142,7 +146,8 @@ class TrainingTelemetry(SenderFaces, StepCalls, CheckpointCalls):
         self._sender.start()
         if self._forked or not self._counts_steps:  # a worker of the run, not the run: no RUN_START, no heartbeat
             return
-        self._step_event("RUN_START")
+        self._started_ns = self._clock()
+        self._step_event("RUN_START", config=self._config, time_ns=self._started_ns)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="rlpulse-heartbeat", daemon=True)
         self._heartbeat_thread.start()
 
@@ -151,9 +156,8 @@ class TrainingTelemetry(SenderFaces, StepCalls, CheckpointCalls):
         return self._sender.flush(timeout)
 
     def close(self, timeout: float = 30.0, status: str = "finished") -> int:
-        """Publish RUN_END with ``status`` (finished, failed or cancelled: the context manager sets
-        it from the exception that left the block), deliver what is buffered, stop; returns the
-        undelivered count."""
+        """Publish RUN_END with ``status`` (finished, failed or cancelled: the context manager sets it
+        from the exception that left the block), deliver what is buffered, stop; the undelivered count."""
         if not self._open:
             return 0
         status = v.require_choice("status", status, RUN_STATUSES)
@@ -323,12 +327,8 @@ class TrainingTelemetry(SenderFaces, StepCalls, CheckpointCalls):
             v.refuse_oversized("Span", self._span_limit, self._span_encoded_bytes, named)
         if new_term:
             self._register_terms((term,))
-        self._grader_put(
-            SPANS,
-            self._grader_channel,
-            (start, end, step, rollout_id, term, outcome, score, input_tokens, output_tokens),
-            size,
-        )
+        self._grader_put(SPANS, self._grader_channel,
+                         (start, end, step, rollout_id, term, outcome, score, input_tokens, output_tokens), size)
 
     def span_exporter(self) -> RlpulseSpanExporter:
         """An OpenTelemetry SpanExporter publishing the job's own spans (see ``rlpulse.producers.sdk.otel``)."""
@@ -357,14 +357,14 @@ class TrainingTelemetry(SenderFaces, StepCalls, CheckpointCalls):
         parent's queued events stay the parent's); locks and events made anew, never inherited
         (``rlpulse.producers.sdk.process`` says why); terms and ``step_count`` carried over.
 
-        A DataLoader worker neither starts nor ends the run: no RUN_START, RUN_END or heartbeat.
-        Its RUN_END would end the attempt for the stall detector (resolving alerts while the job
-        trains on) and end the open steps; its heartbeats would report a stale ``step_count``.
-        Its spans stream, never closed by a RUN_END, stops holding back the run's event time
-        once the run's other writers have been heard from for the retention without it, and an
-        idle run closes by the wall clock: the run never looks unfinished for good; at worst its
-        last windows close a retention later. A child that leaves by ``os._exit`` must
-        ``flush()`` first; a normal exit and a ``multiprocessing`` worker's exit deliver.
+        A DataLoader worker neither starts nor ends the run: no RUN_START, RUN_END or heartbeat. Its
+        RUN_END would end the attempt for the stall detector (resolving alerts while the job trains
+        on) and end the open steps; its heartbeats would report a stale ``step_count``. Its spans
+        stream, never closed by a RUN_END, stops holding back the run's event time once the run's
+        other writers have been heard from for the retention without it, and an idle run closes by
+        the wall clock: the run never looks unfinished for good; at worst its last windows close a
+        retention later. A child that leaves by ``os._exit`` must ``flush()`` first; a normal exit
+        and a ``multiprocessing`` worker's exit deliver.
         """
         self._sender._after_fork_in_child()
         self._put = self._sender.queue.put

@@ -17,7 +17,8 @@ completion, None and NaN (ungradable), and a plain exception (error). At one ste
 failure meets the other's for the same completions: those are unscorable (TRL leaves them out of
 ``reward``). The job counts what it did itself and writes, to the JSON file named on its command
 line, ``trainer.state.log_history`` and per generation (keyed by ``global_step`` when generated):
-the completions scored and, per reward function, the failures by cause; and, under ``texts``, what TRL
+the completions scored and, per reward function, the failures by cause; under ``arguments``, the names
+of its ``GRPOConfig.to_dict()`` (the run's settings, which the integration sends); and, under ``texts``, what TRL
 gave its reward functions (``prompts``, ``completions``, ``completion_ids``) with the prompts' ids as
 TRL tokenizes a plain-text prompt (``processing_class(text=prompts)``). The integration publishes
 each rollout's prompt and completion (content on, token ids too), which the test compares with those.
@@ -50,6 +51,7 @@ NUM_GENERATIONS = 4
 STEPS_PER_GENERATION = 2
 MAX_STEPS = 10
 PROMPTS = 16
+HUB_TOKEN = "hf_rlpulse_job_token"  # a token the run's settings must never carry (nothing is pushed: push_to_hub is off)
 
 # What the job did, per generation (global_step when generated): completions scored, failures by function and cause.
 RECORD: dict[int, dict[str, Any]] = defaultdict(lambda: {"rollouts": 0, "failures": defaultdict(Counter)})
@@ -151,6 +153,7 @@ def main() -> None:
             disable_tqdm=True, logging_steps=1, max_steps=MAX_STEPS, learning_rate=5e-3, beta=0.04,
             per_device_train_batch_size=32, steps_per_generation=STEPS_PER_GENERATION, num_generations=NUM_GENERATIONS,
             max_completion_length=MAX_COMPLETION, temperature=1.0, reward_weights=[1.0, 0.5], log_completions=False,
+            hub_token=HUB_TOKEN,
         )
         # saved and named by its folder, as a user names a checkpoint: TRL loads its KL reference model from it
         model_dir = f"{output_dir}/tiny-llama"
@@ -169,6 +172,7 @@ def main() -> None:
              for k, t in sorted(TEXTS.items())}
     with open(args.out, "w") as out:
         json.dump({"log_history": trainer.state.log_history, "generations": record, "texts": texts,
+                   "arguments": sorted(config.to_dict()), "hub_token": HUB_TOKEN,
                    "config": {"num_generations": NUM_GENERATIONS, "steps_per_generation": STEPS_PER_GENERATION,
                               "max_steps": MAX_STEPS, "max_completion_length": MAX_COMPLETION,
                               "reward_funcs": ["length_reward", "judge_reward"], "reward_weights": [1.0, 0.5]},

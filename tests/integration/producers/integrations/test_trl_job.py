@@ -32,6 +32,9 @@ values. Those figures are compared within 1e-6 relative, far above float32 round
 operation) and far below any real difference (a single rollout of 64 moves a mean by 1e-2).
 Counts and the scalars rlpulse stores as TRL logged them are compared exactly.
 
+The run's settings are the job's ``GRPOConfig`` (its ``to_dict()``): the saved query ``run-config`` has
+one row per name it holds (nested ones dotted), the values the job set, and its ``hub_token`` as ``***``.
+
 The job turns content on (``instrument(..., content=True, token_ids=True)``) and writes what TRL gave its
 reward functions. Each rollout's LLM span (``trl.generate``, child of its ROLLOUT span) carries exactly
 that prompt and completion, the completion's ids and the prompt's (as TRL tokenizes it);
@@ -57,6 +60,8 @@ from rlpulse.pipeline import Pipeline, settings_env, wait_groups_ready
 from rlpulse.schemas.enums import FAILURE_CAUSES
 from rlpulse.base.settings import Settings
 from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.read.queries import run_query, saved_sql
+from rlpulse.sinks.store.clickhouse import open_reader
 from tests.conftest import unavailable
 from tests.integration import until
 from rlpulse.sinks.views.ui_data import PREVIEW
@@ -224,6 +229,29 @@ def test_a_trl_grpo_job_in_clickhouse_equals_what_trl_logged(ran: dict[str, Any]
     completed = rows(f"SELECT step FROM $db.steps FINAL WHERE {run} AND type = 'STEP' ORDER BY step")
     assert [s for (s,) in completed] == list(range(1, job["config"]["max_steps"] + 1))
     assert rows(f"SELECT status FROM $db.steps FINAL WHERE {run} AND type = 'RUN_END'") == [("finished",)]
+
+
+@pytest.mark.timeout(1800)
+def test_the_runs_settings_are_the_jobs_grpo_config(ran: dict[str, Any]) -> None:
+    settings, job = ran["settings"], ran["job"]
+    store = open_reader(settings.clickhouse_dsn, owner="test")
+    try:
+        columns, rows = run_query(store.client, saved_sql("run-config", {"run_id": RUN}, store.database), {"run_id": RUN})
+    finally:
+        store.close()
+    assert columns == ["project", "run_id", "attempt", "key", "value"]
+    assert {(project, run_id, attempt) for project, run_id, attempt, _, _ in rows} == {(PROJECT, RUN, 1)}
+    got = {key: value for _, _, _, key, value in rows}
+    assert {key.split(".")[0] for key in got} == set(job["arguments"])  # every argument, nothing else
+    assert {k: got[k] for k in ("learning_rate", "num_generations", "per_device_train_batch_size", "steps_per_generation",
+                                "max_completion_length", "max_steps", "beta", "seed", "reward_weights", "hub_token")} == {
+        "learning_rate": "0.005", "num_generations": "4", "per_device_train_batch_size": "32", "steps_per_generation": "2",
+        "max_completion_length": "6", "max_steps": "10", "beta": "0.04", "seed": "0", "reward_weights": "[1.0,0.5]",
+        "hub_token": "***"}
+    assert not [k for k, value in got.items() if job["hub_token"] in value]
+    # on the run's one RUN_START: the integration hands them over before training starts
+    assert rows_of(settings, f"SELECT length(config) > 0 FROM $db.steps FINAL WHERE {RUN_SQL} AND type = 'RUN_START'") \
+        == [(True,)]
 
 
 # -- each rollout's prompt and completion ----------------------------------------------------------------

@@ -1,6 +1,8 @@
 """``rlpulse otlp-ingest`` restarted in the middle of a job that exports cumulative temporality: the
 differencing state is rebuilt from the messages before the committed offset, so the steps after
-the restart hold their own rollouts, not the run's whole count, and no step is published twice."""
+the restart hold their own rollouts, not the run's whole count, and no step is published twice.
+The job's training settings (resource attributes, seed 001) are the run's config, read by the saved
+query ``run-config``: sent once, on the run's one RUN_START, the restart notwithstanding."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from rlpulse.pipeline import Pipeline, wait_groups_ready
 from rlpulse.producers.otlp.ingest import ingest_group
 from rlpulse.schemas.catalogue import OTLP_METRICS_TOPIC
 from rlpulse.schemas.topics import ensure_topics
+from rlpulse.sinks.read.queries import run_query, saved_sql
+from rlpulse.sinks.store.clickhouse import open_reader
 from tests.integration import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
@@ -29,11 +33,22 @@ START = time.time_ns() - 60 * 10**9
 REWARDS = {1: [0.0, 0.5, 1.0], 2: [0.25, 0.75], 3: [1.0, 1.0, 0.05, 3.0], 4: [0.5]}
 
 
+# the job's training settings, on its resource as OTEL_RESOURCE_ATTRIBUTES or Resource.create would put them
+SETTINGS = {P + "model": "Qwen/Qwen2.5-0.5B", P + "rl.num_generations": 8, "rlpulse.config.learning_rate": 1e-6,
+            "rlpulse.config.use_vllm": True, "rlpulse.config.judge_api_key": "sk-live"}
+CONFIG = [("judge_api_key", "***"), ("learning_rate", "1e-06"), ("model", "Qwen/Qwen2.5-0.5B"),
+          ("rl.num_generations", "8"), ("use_vllm", "true")]
+
+
 def _kv(attrs, key: str, value) -> None:
     kv = attrs.add()
     kv.key = key
-    if isinstance(value, int):
+    if isinstance(value, bool):
+        kv.value.bool_value = value
+    elif isinstance(value, int):
         kv.value.int_value = value
+    elif isinstance(value, float):
+        kv.value.double_value = value
     else:
         kv.value.string_value = value
 
@@ -45,7 +60,7 @@ def export(step: int) -> bytes:
     request = ExportMetricsServiceRequest()
     group = request.resource_metrics.add()
     for key, value in ((P + "run.id", RUN), (P + "project", "otlp-restart"), (P + "run.attempt", 1),
-                       ("service.instance.id", "job-0")):
+                       ("service.instance.id", "job-0"), *SETTINGS.items()):
         _kv(group.resource.attributes, key, value)
     scope = group.scope_metrics.add()
     now = START + step * 10**9
@@ -102,7 +117,14 @@ def ran(module_settings: Settings) -> Iterator[tuple[Settings, list[tuple], list
         steps = until.query(settings, f"SELECT type, step, count() FROM $db.steps WHERE run_id = '{RUN}' "
                                       f"GROUP BY type, step ORDER BY type, step") or []
         log = (settings.home / "logs" / "otlp-ingest.log").read_text()
-        yield settings, histograms(settings), steps, log
+        store = open_reader(settings.clickhouse_dsn, owner="test")
+        try:
+            columns, config = run_query(store.client, saved_sql("run-config", {"run_id": RUN}, store.database),
+                                        {"run_id": RUN})
+        finally:
+            store.close()
+        assert columns == ["project", "run_id", "attempt", "key", "value"]
+        yield settings, histograms(settings), steps, log, config
     finally:
         pipeline.stop()
 
@@ -110,7 +132,7 @@ def ran(module_settings: Settings) -> Iterator[tuple[Settings, list[tuple], list
 def test_each_step_holds_its_own_rollouts_after_the_restart(ran) -> None:
     import bisect
 
-    _, rows, _, _ = ran
+    _, rows, _, _, _ = ran
     expected = []
     for step, values in REWARDS.items():
         counts = [0] * (len(BOUNDS) + 1)
@@ -121,7 +143,12 @@ def test_each_step_holds_its_own_rollouts_after_the_restart(ran) -> None:
 
 
 def test_no_step_is_published_twice_and_the_state_was_rebuilt(ran) -> None:
-    _, _, steps, log = ran
+    _, _, steps, log, _ = ran
     # one RUN_START (the rebuilt state remembers the run; step -1 as the SDK's), one STEP per step, each once
     assert steps == [("RUN_START", -1, 1), ("STEP", 1, 1), ("STEP", 2, 1), ("STEP", 3, 1), ("STEP", 4, 1)]
     assert "metric state rebuilt from" in log and "(2 messages, 0 refused as before; 2 series)" in log
+
+
+def test_the_jobs_training_settings_are_the_runs_config(ran) -> None:
+    config = ran[4]
+    assert config == [("otlp-restart", RUN, 1, key, value) for key, value in CONFIG]

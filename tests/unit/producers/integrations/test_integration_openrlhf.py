@@ -17,6 +17,7 @@ Every test checks the exact records an ``InMemoryTransport`` received.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 from pathlib import Path
@@ -136,12 +137,13 @@ def test_each_logged_step_is_a_step_with_every_number_of_logs_dict():
         trainer.fit(steps=2, evaluate_at=(2,))
         assert logger.publisher.skipped == {"non-numeric": 2}  # generated_samples, each step
     records = steps(transport)
+    # the second RUN_START: the trainer's args, given once the run had started (attach to a started telemetry)
     assert [(r["type"], r["step"], r["step_count"], r["status"]) for r in records] == [
-        ("RUN_START", -1, 0, None), ("STEP", 1, 1, None), ("STEP", 2, 2, None), ("METRICS", 2, 2, None),
-        ("RUN_END", -1, 2, "finished")]
-    assert records[1]["metrics"] == NUMBERS and records[1]["duration_s"] == 93.75
-    assert records[3]["metrics"] == EVAL_LOGS
-    assert records[1]["metrics"]["ppo_clip_ratio"] == 0.0125 and records[1]["metrics"]["rollout/truncated_rate"] == 0.0625
+        ("RUN_START", -1, 0, None), ("RUN_START", -1, 0, None), ("STEP", 1, 1, None), ("STEP", 2, 2, None),
+        ("METRICS", 2, 2, None), ("RUN_END", -1, 2, "finished")]
+    assert records[2]["metrics"] == NUMBERS and records[2]["duration_s"] == 93.75
+    assert records[4]["metrics"] == EVAL_LOGS
+    assert records[2]["metrics"]["ppo_clip_ratio"] == 0.0125 and records[2]["metrics"]["rollout/truncated_rate"] == 0.0625
     # TensorBoard still gets every call, the samples included
     assert [c[:2] for c in inner.calls] == [("train", 1), ("train", 2), ("eval", 2), ("close",)]
     assert inner.calls[0][2]["generated_samples"] == LOGS_DICT["generated_samples"]
@@ -153,7 +155,7 @@ def test_the_trackers_are_called_only_every_logging_steps():
         trainer = Trainer(logging_steps=2)
         openrlhf.attach(trainer, tel)
         trainer.fit(steps=5)
-    assert [(r["type"], r["step"]) for r in steps(transport)][1:-1] == [("STEP", 2), ("STEP", 4)]
+    assert [(r["type"], r["step"]) for r in steps(transport)][2:-1] == [("STEP", 2), ("STEP", 4)]  # after both RUN_STARTs
 
 
 def test_log_takes_logs_dict_then_global_step():
@@ -176,7 +178,7 @@ def test_a_train_step_that_raises_ends_the_run_with_its_status(error, status):
     with pytest.raises(type(error)):
         trainer.fit(steps=3, samples=error)  # step 1 is logged, the second train_step raises
     assert [(r["type"], r["step"], r["status"]) for r in steps(transport)] == [
-        ("RUN_START", -1, None), ("STEP", 1, None), ("RUN_END", -1, status)]
+        ("RUN_START", -1, None), ("RUN_START", -1, None), ("STEP", 1, None), ("RUN_END", -1, status)]
 
 
 def test_install_attaches_to_every_trainer_built_with_the_run_of_its_wandb_names(monkeypatch):
@@ -196,6 +198,55 @@ def test_install_attaches_to_every_trainer_built_with_the_run_of_its_wandb_names
     assert [(r["type"], r["project"], r["run_id"], r["status"]) for r in records] == [
         ("RUN_START", "math", "grpo-math-3", None), ("STEP", "math", "grpo-math-3", None),
         ("RUN_END", "math", "grpo-math-3", "finished")]
+
+
+def hierarchize_of_openrlhf():
+    """OpenRLHF's own ``openrlhf.utils.config.hierarchize``, which its PPO launcher (``openrlhf.cli.train_ppo_ray``)
+    makes its args with, loaded from its installed source file alone (the package's ``__init__`` imports torch)."""
+    framework_sources("openrlhf")
+    spec = importlib.util.find_spec("openrlhf")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("OpenRLHF is not installed: pip install openrlhf==0.11.2 --no-deps")
+    path = Path(list(spec.submodule_search_locations)[0], "utils", "config.py")
+    module_spec = importlib.util.spec_from_file_location("openrlhf_utils_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.hierarchize
+
+
+# Flags of the parser of OpenRLHF 0.11.2's openrlhf.cli.train_ppo_ray (their argparse dests; values made up).
+FLAGS = {"actor.model_name_or_path": "Qwen/Qwen2.5-0.5B", "rollout.batch_size": 1024, "rollout.n_samples_per_prompt": 8,
+         "algo.kl.init_coef": 0.01, "ckpt.save_steps": -1, "logger.logging_steps": 1, "logger.wandb.key": "wandb-secret",
+         "logger.wandb.project": "math", "logger.wandb.run_name": "grpo-1", "use_ms": False}
+
+
+def run_starts(transport: InMemoryTransport) -> list[dict]:
+    return [r["config"] for r in transport.records("steps") if r["type"] == "RUN_START"]
+
+
+def test_the_trainers_args_as_openrlhf_builds_them_are_the_runs_settings():
+    args = hierarchize_of_openrlhf()(argparse.Namespace(**FLAGS))
+    transport = InMemoryTransport()
+
+    class BasePPOTrainer(Trainer):
+        def __init__(self):
+            super().__init__()
+            self.args = args  # as OpenRLHF's trainer keeps the args it was built with
+
+    openrlhf.register(BasePPOTrainer, dict(transport=transport, settings=SETTINGS))
+    BasePPOTrainer().fit(steps=1)
+    assert run_starts(transport) == [{
+        "actor.model_name_or_path": "Qwen/Qwen2.5-0.5B", "rollout.batch_size": "1024", "rollout.n_samples_per_prompt": "8",
+        "algo.kl.init_coef": "0.01", "ckpt.save_steps": "-1", "logger.logging_steps": "1", "logger.wandb.key": "***",
+        "logger.wandb.project": "math", "logger.wandb.run_name": "grpo-1", "use_ms": "false"}]
+
+
+def test_attach_to_a_started_run_sends_the_trainers_args_on_a_second_run_start():
+    transport = InMemoryTransport()
+    with telemetry(transport) as tel:
+        openrlhf.attach(Trainer(project="math", run_name="grpo-1"), tel)
+    assert run_starts(transport) == [{}, {"logger.logging_steps": "1", "logger.wandb.project": "math",
+                                          "logger.wandb.run_name": "grpo-1", "ckpt.save_steps": "inf"}]
 
 
 def test_a_run_name_the_sdk_refuses_leaves_training_untouched(caplog):
@@ -238,6 +289,6 @@ def test_openrlhf_save_logs_and_checkpoints_hands_logs_dict_to_the_logger():
             save_logs_and_checkpoints(trainer, global_step, dict(LOGS_DICT), {"global_step": global_step})
         save_logs_and_checkpoints(trainer, 6)  # no logs_dict: OpenRLHF passes {}
     records = steps(transport)
-    assert [(r["type"], r["step"]) for r in records][1:-1] == [("STEP", 2), ("STEP", 4), ("STEP", 6)]
-    assert records[1]["metrics"] == NUMBERS and records[3]["metrics"] == {}
+    assert [(r["type"], r["step"]) for r in records][2:-1] == [("STEP", 2), ("STEP", 4), ("STEP", 6)]  # after both RUN_STARTs
+    assert records[2]["metrics"] == NUMBERS and records[4]["metrics"] == {}
     assert [c[:2] for c in inner.calls] == [("train", 2), ("train", 4), ("train", 6)]

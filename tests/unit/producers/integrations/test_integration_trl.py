@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import pytest
 
-from rlpulse.producers import InMemoryTransport
+from rlpulse.producers import InMemoryTransport, TrainingTelemetry
 from rlpulse.producers.integrations.trl import GraderFailure, instrument
 
 EOS, PAD = 1, 0
@@ -38,7 +38,7 @@ class FakeGRPO:
 
     def __init__(self, reward_funcs: list[Callable], batches: list[list[list[int]]], weights: list[float] | None = None,
                  steps_per_generation: int = 1, num_generations: int = 2, process_index: int = 0, num_processes: int = 1,
-                 fail: BaseException | None = None):
+                 fail: BaseException | None = None, args: Any = None):
         self.reward_funcs = list(reward_funcs)
         self.reward_func_names = [f.__name__ for f in reward_funcs]
         self.reward_weights = weights or [1.0] * len(reward_funcs)
@@ -50,6 +50,7 @@ class FakeGRPO:
         self.state = SimpleNamespace(global_step=0, log_history=[], num_input_tokens_seen=0)
         self.callbacks: list[Any] = [PrinterCallback()]
         self.batches, self.fail = batches, fail
+        self.args = args if args is not None else SimpleNamespace()  # the TrainingArguments the callbacks get
         self.trl_rewards: list[list[float]] = []  # per generation: TRL's weighted nansum per completion
         self.returned: list[list[list[Any]]] = []  # per generation, per reward function: what TRL was given
 
@@ -59,7 +60,7 @@ class FakeGRPO:
     def _event(self, name: str, **kwargs: Any) -> None:
         for callback in self.callbacks:
             if hasattr(callback, name):
-                getattr(callback, name)(SimpleNamespace(), self.state, SimpleNamespace(), **kwargs)
+                getattr(callback, name)(self.args, self.state, SimpleNamespace(), **kwargs)
 
     def log(self, logs: dict[str, Any]) -> None:
         self.state.log_history.append({**logs, "step": self.state.global_step})
@@ -317,3 +318,48 @@ def test_grader_calls_go_out_with_their_step_and_those_of_the_step_that_crashed_
     else:
         assert sorted({g["step"] for g in graders}) == [1, 2] and len(graders) == 4 * len(BATCH)
         assert hooks.tel.held_graders is None
+
+
+class Arguments:
+    """What the integration reads of TRL's ``GRPOConfig``: ``to_dict()``, which transformers' ``TrainingArguments``
+    writes with each ``*_token`` value replaced by ``<FIELD_NAME>``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"learning_rate": 5e-3, "num_generations": 4, "per_device_train_batch_size": 32, "hub_token": "<HUB_TOKEN>",
+                "report_to": ["none"], "accelerator_config": {"split_batches": False}}
+
+
+ARGUMENTS = {"learning_rate": "0.005", "num_generations": "4", "per_device_train_batch_size": "32", "hub_token": "***",
+             "report_to": '["none"]', "accelerator_config.split_batches": "false"}
+
+
+def run_starts(steps: list[dict]) -> list[tuple[int, dict]]:
+    return [(s["step_count"], s["config"]) for s in steps if s["type"] == "RUN_START"]
+
+
+def test_the_trainers_arguments_ride_the_run_start() -> None:
+    _, steps = run(FakeGRPO([score], [BATCH], args=Arguments()))
+    assert run_starts(steps) == [(0, ARGUMENTS)]
+    assert all(s["config"] == {} for s in steps if s["type"] != "RUN_START")
+
+
+def test_a_started_telemetry_gets_them_on_a_second_run_start_and_its_own_settings_are_kept() -> None:
+    transport = InMemoryTransport()
+    with TrainingTelemetry("p", "r", transport=transport) as tel:
+        tel.step_completed(0)
+        instrument(FakeGRPO([score], [BATCH], args=Arguments()), project="p", run_id="r", telemetry=tel).trainer.train()
+    assert run_starts(transport.records("steps")) == [(0, {}), (1, ARGUMENTS)]
+    transport = InMemoryTransport()
+    with TrainingTelemetry("p", "r", transport=transport, config={"recipe": "mine"}) as tel:
+        instrument(FakeGRPO([score], [BATCH], args=Arguments()), project="p", run_id="r", telemetry=tel).trainer.train()
+    assert run_starts(transport.records("steps")) == [(0, {"recipe": "mine"})]
+
+
+def test_arguments_that_cannot_be_read_are_logged_and_training_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        def to_dict(self) -> dict:
+            return {1: "not a name"}
+
+    _, steps = run(FakeGRPO([score], [BATCH], args=Broken()))
+    assert run_starts(steps) == [(0, {})] and [s["type"] for s in steps][-1] == "RUN_END"
+    assert "could not read TRL" in caplog.text

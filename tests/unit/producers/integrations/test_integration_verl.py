@@ -34,6 +34,7 @@ from tests.framework_sources import framework_sources
 from rlpulse.producers.sdk import events
 from rlpulse.producers.integrations import metrics_dict, verl
 from rlpulse.producers.sdk.memory import InMemoryTransport
+from rlpulse.producers.sdk.run_config import flatten_config
 from rlpulse.producers.sdk.telemetry import TrainingTelemetry
 from rlpulse.base.settings import Settings
 
@@ -218,6 +219,14 @@ def test_attach_adds_a_backend_that_verl_tracking_calls():
     assert [r["type"] for r in steps(transport)] == ["RUN_START", "STEP", "RUN_END"]
 
 
+def test_attach_with_the_config_given_to_tracking_sends_it_on_a_second_run_start_of_a_started_run():
+    transport = InMemoryTransport()
+    with telemetry(transport) as tel:
+        verl.attach(types.SimpleNamespace(logger={}), tel, config={"data": {"train_batch_size": 1024}, "trainer": {}})
+    assert [(r["type"], r["config"]) for r in transport.records("steps")] == [
+        ("RUN_START", {}), ("RUN_START", {"data.train_batch_size": "1024", "trainer": "{}"}), ("RUN_END", {})]
+
+
 # -- the file backend ----------------------------------------------------------------------------
 def verl_line(step: int, data: dict) -> bytes:
     return json.dumps({"step": step, "data": data}).encode() + b"\n"  # FileLogger's record (it uses orjson)
@@ -302,6 +311,30 @@ def test_verl_tracking_gets_an_rlpulse_backend_from_install(verl_tracking_module
         assert verl.replay_file(tmp_path / "exp.jsonl", tel) == 2
     assert [(r["type"], r["step"], r["metrics"]) for r in steps(replayed)[1:-1]] == [
         (r["type"], r["step"], r["metrics"]) for r in records[1:-1]]
+
+
+def test_verl_tracking_sends_the_whole_config_verl_hands_it_as_the_runs_settings(verl_tracking_module):
+    """verl's PPO trainer builds its Tracking with ``config=OmegaConf.to_container(self.config, resolve=True)``:
+    here verl's own full PPO config (its ``_generated_ppo_trainer.yaml``, read as YAML, so interpolations stay
+    as their text: no omegaconf in this venv)."""
+    yaml = pytest.importorskip("yaml")
+    transport = InMemoryTransport()
+    verl.install(transport=transport, settings=SETTINGS)
+    tracking_module = verl_tracking_module()
+    source = Path(tracking_module.__file__).parents[1] / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+    config = yaml.safe_load(source.read_text())
+    config["trainer"]["logger"] = ["rlpulse"]
+    tracking = tracking_module.Tracking(project_name="math", experiment_name="ppo-7", default_backend=["rlpulse"],
+                                        config=config)
+    tracking.finish(exit_code=0)
+    starts = [r["config"] for r in transport.records("steps") if r["type"] == "RUN_START"]
+    assert len(starts) == 1 and starts[0] == flatten_config(config)
+    settings = starts[0]
+    assert len(settings) > 800 and not [k for k in settings if k.startswith("_rlpulse.")]  # every one, none cut
+    assert {k: settings[k] for k in ("actor_rollout_ref.model.path", "actor_rollout_ref.actor.optim.lr",
+                                     "algorithm.adv_estimator", "data.train_batch_size", "trainer.logger")} == {
+        "actor_rollout_ref.model.path": "~/models/deepseek-llm-7b-chat", "actor_rollout_ref.actor.optim.lr": "1e-06",
+        "algorithm.adv_estimator": "gae", "data.train_batch_size": "1024", "trainer.logger": '["rlpulse"]'}
 
 
 def test_verl_tracking_failed_run_and_other_backends(verl_tracking_module, tmp_path, monkeypatch):

@@ -73,11 +73,11 @@ def test_calls_arrive_as_exactly_the_records_given():
     assert spans == expected_spans
     step_identity = dict(project="p", run_id="r", attempt=1, stage="rl", writer_id=writer, time_ns=NOW, trainer="rl",
                          dropped_events=0)
-    none = dict(step=-1, tokens=0, duration_s=0.0, throughput=0.0, mfu=None, spans_sent=0, metrics={}, status=None)
+    none = dict(step=-1, tokens=0, duration_s=0.0, throughput=0.0, mfu=None, spans_sent=0, metrics={}, status=None, config={})
     assert transport.records("steps") == [
         {**step_identity, **none, "sequence_id": 1, "type": "RUN_START", "step_count": 0},
         {**step_identity, "sequence_id": 2, "type": "STEP", "step": 3, "step_count": 1, "tokens": 4000, "duration_s": 2.0,
-         "throughput": 2000.0, "mfu": 0.25, "spans_sent": 0, "metrics": {}, "status": None},
+         "throughput": 2000.0, "mfu": 0.25, "spans_sent": 0, "metrics": {}, "status": None, "config": {}},
         {**step_identity, **none, "sequence_id": 3, "type": "RUN_END", "step_count": 1, "spans_sent": 3, "status": "finished"},
     ]
     assert tel.delivered == 6 and tel.pending == 0 and tel.dropped == 0
