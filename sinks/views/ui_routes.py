@@ -8,8 +8,9 @@
                           ``variance``, ``failed``, ``min_reward``, ``max_reward``, ``sample``, ``page``
 ``/trajectory``           a trajectory; ``project``, ``run``, ``attempt``, ``rollout``
 ``/compare``              runs overlaid (``rlpulse.sinks.views.ui_compare``); ``run=PROJECT/RUN[/ATTEMPT]``
-                          (repeatable; each part percent-encoded), ``x=step|time``, ``smooth``, ``from``/``to``,
-                          ``metric`` (repeatable)
+                          (repeatable; each part percent-encoded), ``x=step|time``, ``smooth`` (EMA weight, 0 to
+                          below 1), ``from``/``to``, ``metric`` (repeatable), ``config=all`` (every key, not only
+                          those that differ)
 ``/search``               a run's trajectories (``rlpulse.sinks.views.ui_search``); ``project``, ``run``,
                           ``attempt``, ``min_reward``/``max_reward``, ``status``, ``failed``, ``clipped``,
                           ``from``/``to``, ``q`` (text in the dialogue), ``page``
