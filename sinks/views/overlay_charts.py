@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rlpulse.sinks.views.html_report import nice_ticks
-from rlpulse.sinks.views.ui_charts import BOTTOM, DOTS_UP_TO, H, LEFT, RIGHT, TOP, W, Axis, frame, no_data
+from rlpulse.sinks.views.ui_charts import BOTTOM, DOTS_UP_TO, H, LEFT, RIGHT, TOP, W, Axis, frame, nice_ticks, no_data
 from rlpulse.sinks.views.ui_html import fmt_duration, fmt_number
 from rlpulse.sinks.views.ui_html import text as esc  # store values (run ids): HTML-escaped, controls visible
 

@@ -4,7 +4,8 @@ Where a saved query (``sinks/read/queries/*.sql``) answers a figure, the page ru
 (:func:`saved`), so it shows what ``rlpulse query --saved NAME`` prints: clipped ratio per step
 (clipped-ratio-trend), reward percentiles, the trainer's metrics, the engines by step, tokens, tokens/s
 and MFU per step (step-throughput, whose STEP event times also place GPU samples and alerts on the step
-axis), a trajectory's span tree, how runs ended. Failures by step, term and cause are failures-by-step's
+axis), each term's figures (term-figures), the entry spans' metrics (rollout-metrics, read in
+``run_metrics_data``), a trajectory's span tree, how runs ended. Failures by step, term and cause are failures-by-step's
 rows read in a quarter of its time (:func:`failures_by_step`). The runs list is ``rlpulse watch``'s
 own snapshot (``rlpulse.sinks.views.watch.snapshot``). What no saved query gives (a step's rollouts
 grouped by sample, completion length percentiles, alerts and GPU samples placed on the step axis)
@@ -25,6 +26,7 @@ from typing import Any
 from rlpulse.sinks.read import queries
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.html_report import gpu_rows
+from rlpulse.sinks.views.run_metrics_data import EntryMetric, entry_metrics
 from rlpulse.sinks.views.step_figures import StepThroughput, throughput
 from rlpulse.sinks.views.term_figures import term_rows
 from rlpulse.sinks.views.trajectories import GRADING_KINDS, SAMPLE_SQL
@@ -118,6 +120,7 @@ class RunData:
     # step-throughput's rows by step (tokens, tokens/s, MFU); more per-step figure families go beside it
     throughput: dict[int, StepThroughput] = field(default_factory=dict)
     terms: list[dict[str, Any]] = field(default_factory=list)  # term-figures' rows of this attempt
+    entry_metrics: list[EntryMetric] = field(default_factory=list)  # rollout-metrics' rows (run_metrics_data)
 
 
 def run_data(store: Store, project: str, run: str, attempt: int, wanted: list[str]) -> RunData:
@@ -165,7 +168,7 @@ def run_data(store: Store, project: str, run: str, attempt: int, wanted: list[st
         lengths=lengths, metric_names=names, metrics=metrics,
         engine=saved(store, "engine-by-step", run_id=run, attempt=attempt),
         gpus=_gpus(store, run, attempt), marks=marks, alerts=alerts, throughput={r.step: r for r in per_step},
-        terms=term_rows(store, project, run, attempt))
+        terms=term_rows(store, project, run, attempt), entry_metrics=entry_metrics(store, project, run, attempt))
     data.steps = sorted(set(stats) | {int(r["step"]) for r in data.trend} | set(data.heat) | set(data.throughput))
     return data
 

@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 
 from rlpulse.base.terminal import csv_safe, terminal_safe
 from rlpulse.sinks.views.html_escape import esc
+from rlpulse.sinks.views.compare_css import CSS as COMPARE_CSS
 from rlpulse.sinks.views.trajectory_html import CSS as TRAJECTORY_CSS
 
 NS = 1_000_000_000
@@ -49,6 +50,108 @@ def num(value: Any, digits: int = 4) -> str:
         return str(value)
     shown = f"{round(float(value), digits):.{digits}f}".rstrip("0").rstrip(".")
     return "0" if shown in ("-0", "") else shown
+
+
+# -- numbers by kind: chart ticks, hover text and tables call these (each takes None/NaN -> "–") -----
+
+NONE = "–"
+
+
+def _finite(value: Any) -> float | None:
+    """The value as a float, or None for None and NaN (shown as "–"); infinities pass (shown as ∞)."""
+    if value is None or isinstance(value, bool):
+        return None if value is None else float(value)
+    v = float(value)
+    return None if math.isnan(v) else v
+
+
+def _inf(v: float) -> str:
+    return "∞" if v > 0 else "-∞"
+
+
+def fmt_number(value: Any) -> str:
+    """A plain figure: 4 significant digits (12.35, 0.001235), thousands separators from 10,000 on
+    (12,346), scientific past 10^15 or below 10^-4 (1.2e+16, 3e-05); "0" never "-0"."""
+    v = _finite(value)
+    if v is None:
+        return NONE
+    if math.isinf(v):
+        return _inf(v)
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 1e15 or a < 1e-4:
+        return f"{v:.3g}"
+    if a >= 9_999.5:  # 9,999.7 rounds to 10,000 at 4 digits: written whole, never "1e+04"
+        return f"{v:,.0f}"
+    shown = f"{v:.4g}"
+    return "0" if shown == "-0" else shown
+
+
+def fmt_count(value: Any) -> str:
+    """A count: rounded to a whole number, thousands separators (1,234,567)."""
+    v = _finite(value)
+    if v is None:
+        return NONE
+    if math.isinf(v):
+        return _inf(v)
+    n = round(v)
+    return f"{n:,}" if n else "0"
+
+
+def fmt_ratio(value: Any) -> str:
+    """A fraction 0..1 as a percentage: 0.9 -> "90%", 0.125 -> "12.5%", 0.0004 -> "0.04%", 15 -> "1,500%"."""
+    v = _finite(value)
+    if v is None:
+        return NONE
+    if math.isinf(v):
+        return _inf(v) + "%"
+    p = v * 100
+    if p == 0:
+        return "0%"
+    shown = f"{p:,.0f}" if abs(p) >= 999.5 else f"{p:.3g}" if abs(p) >= 1e-3 else f"{p:.1g}"  # 999.6% is "1,000%"
+    return ("0" if shown == "-0" else shown) + "%"
+
+
+_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def fmt_rate(value: Any, per: str = "/s") -> str:
+    """A rate (tokens/s): 3 significant digits and an SI prefix: 512 -> "512/s", 12345 -> "12.3k/s",
+    2.5e9 -> "2.5G/s"; past 10^15 scientific."""
+    v = _finite(value)
+    if v is None:
+        return NONE
+    if math.isinf(v):
+        return _inf(v) + per
+    a = abs(v)
+    if a >= 999.5e12:  # past the last prefix (999.96T would read "1e+03T")
+        return f"{v:.3g}{per}"
+    for size, prefix in _SI:
+        if a >= size * 0.9995:  # 999.96 rounds to 1k, not "1e+03"
+            return f"{v / size:.3g}{prefix}{per}"
+    return (f"{v:.3g}" if v else "0") + per
+
+
+def fmt_duration(seconds: Any) -> str:
+    """A duration given in seconds: "850 ms", "1.5 s", "2.5 min", "3.2 h" (3 significant digits);
+    below a millisecond still in ms ("0.05 ms")."""
+    v = _finite(seconds)
+    if v is None:
+        return NONE
+    if math.isinf(v):
+        return _inf(v) + " s"
+    a = abs(v)
+    if a == 0:
+        return "0 s"
+    if a < 0.9995:
+        return f"{v * 1e3:.3g} ms"
+    if a < 60:  # 59.97 s shows as "60 s", never "0.999 min"
+        return f"{v:.3g} s"
+    if a < 3600:
+        return f"{v / 60:.3g} min"
+    hours = v / 3600
+    return f"{hours:,.0f} h" if abs(hours) >= 999.5 else f"{hours:.3g} h"
 
 
 def when(ns: int | None) -> str:
@@ -113,7 +216,11 @@ form.filters input[type=number] { width: 80px; }
 .figure { background: #fff; border: 1px solid #e1e4e8; padding: 6px 10px; min-width: 110px; }
 .figure .label { color: #57606a; font-size: 12px; } .figure .value { font-size: 18px; font-variant-numeric: tabular-nums; }
 svg.chart { width: 100%; max-width: 1000px; background: #fff; border: 1px solid #e1e4e8; display: block; margin: 6px 0; }
-.charts { display: grid; grid-template-columns: 1fr; gap: 4px; }
+.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(560px, 100%), 1fr)); gap: 10px; align-items: start; }
+.charts svg.chart { max-width: none; margin: 0; }
+.charts svg.chart .hover rect:hover { fill-opacity: 0.07; }
+p.not-drawn { font-size: 12px; margin: 6px 0; }
+.run-links { display: flex; gap: 16px; margin: 6px 0; }
 section.group { background: #fff; border: 1px solid #e1e4e8; margin: 10px 0; padding: 6px 10px; }
 section.group h3 { font-size: 14px; margin: 4px 0 8px; word-break: break-all; }
 .badge { display: inline-block; font-size: 11px; padding: 1px 6px; border-radius: 8px; background: #eaeef2; margin-left: 6px; }
@@ -139,4 +246,4 @@ pre { white-space: pre-wrap; word-break: break-word; margin: 4px 0; font-size: 1
 table.grid td.indent-1 { padding-left: 24px; } table.grid td.indent-2 { padding-left: 40px; }
 table.grid td.indent-3 { padding-left: 56px; } table.grid td.indent-4 { padding-left: 72px; }
 table.grid td.indent-5 { padding-left: 88px; }
-""" + TRAJECTORY_CSS
+""" + TRAJECTORY_CSS + COMPARE_CSS

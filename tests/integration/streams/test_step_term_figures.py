@@ -24,6 +24,7 @@ from rlpulse.producers import TrainingTelemetry
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.base.settings import Settings
 from rlpulse.sinks.store.clickhouse import open_reader
+from rlpulse.sinks.views.ui_html import fmt_number
 from rlpulse.sinks.views.ui_server import UiServer
 from tests.integration import until
 
@@ -113,10 +114,11 @@ def test_the_run_page_and_the_reports_show_each_terms_figures(published: Setting
         with urllib.request.urlopen(request, timeout=60) as answer:
             page = answer.read().decode()
     judge = cells(page, "judge")
+    # numbers by kind (ui_html.fmt_*): the p90 a duration, the step's zero-std fraction a percentage
     assert (judge["share-mean"], judge["share-std"], judge["graded"], judge["failures"], judge["failure-cost"]) == (
-        f"{t['share_mean']:g}", f"{t['share_std']:g}", "4", "2", "0.8")
-    assert (judge["duration-p90-s"], judge["judge-input-tokens"], judge["judge-output-tokens"]) == ("30", "310", "12")
-    assert re.search(r'<td class="n zero-std">0.5</td>', page)  # the step's zero-std fraction
+        fmt_number(t["share_mean"]), fmt_number(t["share_std"]), "4", "2", "0.8")
+    assert (judge["duration-p90-s"], judge["judge-input-tokens"], judge["judge-output-tokens"]) == ("30 s", "310", "12")
+    assert re.search(r'<td class="n zero-std">50%</td>', page)
     assert re.search(r'<svg class="chart" data-chart="term-shares".*?data-series="judge" data-points="1"', page)
     text = subprocess.run([sys.executable, "-m", "rlpulse.cli", "report", "--project", "tf"],
                           env={**settings_env(published), "COLUMNS": "250"}, capture_output=True, text=True, timeout=120)
@@ -131,7 +133,7 @@ def test_the_run_page_and_the_reports_show_each_terms_figures(published: Setting
                           env=settings_env(published), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     html = out.read_text()
-    svg = re.search(r'<svg data-chart="term-shares".*?</svg>', html, re.S).group(0)
+    svg = re.search(r'<svg[^>]*data-chart="term-shares".*?</svg>', html, re.S).group(0)
     assert sorted(re.findall(r'<polyline class="series" data-series="([^"]*)"', svg)) == ["format", "judge"]
     row = re.search(r'<tr data-term="judge">(.*?)</tr>', html).group(1)
     assert re.findall(r"<td>([^<]*)</td>", row) == ["judge", "1", str(t["share_mean"]), str(t["share_std"]), "4", "2",

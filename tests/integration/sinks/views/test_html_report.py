@@ -22,8 +22,8 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[4]
 CHROMIUM = "/usr/bin/chromium"
-CHARTS = ("reward-heatmap", "failures-by-cause", "clipped-ratio", "throughput", "mfu", "gpu-utilization", "gpu-power",
-          "alerts-timeline")
+CHARTS = ("reward-heatmap", "failures-by-cause", "clipped-ratio", "tokens", "throughput", "mfu", "gpu-utilization",
+          "gpu-power", "alerts-timeline")
 NS = 1_000_000_000
 BOUNDS = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1, 2, 5]
 STEPS = 6
@@ -79,12 +79,13 @@ def _seed(store_url: str) -> dict[str, int]:
             {**placement, "run_id": "other", "time_ns": now, "rank": 0, "index": 0, "hw_id": "GPU-cccc"},
         ])
         samples = []
-        for hw, idx, util in (("GPU-aaaa", 0, 90.0), ("GPU-bbbb", 1, 40.0), ("GPU-cccc", 0, 5.0)):
+        # utilisation as NVML's poller stores it: a fraction, 0..1 (GPU-aaaa at 0.9, 0.91, ...)
+        for hw, idx, util in (("GPU-aaaa", 0, 0.9), ("GPU-bbbb", 1, 0.4), ("GPU-cccc", 0, 0.05)):
             for k in range(8):  # 7 inside [placement, placement + 60 s], the last one after it
                 samples.append({"project": "p", "run_id": "", "attempt": 0, "time_ns": now + k * 10 * NS,
                                 "hw_id": hw, "index": idx, "host": "h0", "node": "n0", "pod": "pod-0",
-                                "rank": None, "role": None, "power_w": 300 + 20 * k + util,
-                                "temperature_c": 60.0, "gpu_utilization": util + k, "memory_used_bytes": 1,
+                                "rank": None, "role": None, "power_w": 300 + 20 * k + 100 * util,
+                                "temperature_c": 60.0, "gpu_utilization": round(util + k / 100, 2), "memory_used_bytes": 1,
                                 "memory_total_bytes": 2, "memory_utilization": 50.0, "memory_activity": 10.0,
                                 "sm_clock_mhz": 1500.0, "throttle_reasons": 0, "xid_errors": 0, "xid_last": None})
         _insert(c, "gpu_samples", samples)
@@ -223,3 +224,27 @@ def test_empty_run_renders_no_data_notes(tmp_path: Path) -> None:
         assert f'data-chart="{name}"' in page
     assert 'data-chart="term-shares"' in page  # the reward terms' chart (this test's run declares no term)
     assert page.count('class="no-data"') == len(CHARTS) + 1
+
+
+def test_the_reports_gpu_chart_reads_a_gpu_at_0_9_as_90_percent(tmp_path: Path) -> None:
+    """Utilisation is stored 0..1: the report drew it on a 0-100 axis once, so a GPU at 90 % read as idle.
+    It is drawn as the run page draws it: a 0..1 axis labelled in %, the point 90 % of the way up."""
+    from rlpulse.sinks.views.html_report import render
+
+    store_url = f"chdb://{tmp_path / 'ch'}"
+    _seed(store_url)
+    with open_store(store_url, owner="test") as store:
+        page = render(store, "runA")
+    svg = re.search(r'<svg[^>]*data-chart="gpu-utilization".*?</svg>', page, re.S).group(0)
+    ticks = {label: float(y) - 4 for y, label in re.findall(r'<text class="y-tick" x="[^"]*" y="([^"]*)"[^>]*>([^<]*)<', svg)}
+    assert list(ticks) == ["0%", "25%", "50%", "75%", "100%"]
+    points = re.findall(r'<circle class="point" data-series="([^"]*)" data-x="[^"]*" data-value="([^"]*)" cx="[^"]*" '
+                        r'cy="([^"]*)"[^>]*><title>([^<]*)</title>', svg)
+    first = [p for p in points if p[0].endswith("GPU-aaaa")][0]
+    assert first[1] == "0.9" and first[3].endswith(": 90%"), first
+    zero, full = ticks["0%"], ticks["100%"]
+    assert float(first[2]) == pytest.approx(zero + 0.9 * (full - zero), abs=0.06)  # 90 % of the way up the axis
+    # every point's hover text is its value in %, and the GPU of another run is not drawn
+    assert sorted(title.rsplit(": ", 1)[1] for _, _, _, title in points) == sorted(
+        f"{round(u + k / 100, 2) * 100:.3g}%" for u in (0.9, 0.4) for k in range(7))
+    assert "GPU-cccc" not in svg

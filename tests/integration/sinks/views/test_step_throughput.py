@@ -33,6 +33,7 @@ from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.store.clickhouse import open_reader
 from rlpulse.sinks.views.step_figures import summarize, throughput
+from rlpulse.sinks.views.ui_html import fmt_count, fmt_rate, fmt_ratio
 from rlpulse.sinks.views.ui_server import UiServer
 from rlpulse.sinks.views.watch import render, snapshot
 from tests.integration import until
@@ -59,15 +60,6 @@ def truth() -> list[dict[str, Any]]:
              "mfu": mfu if mfu is not None and 0 <= mfu <= 1 else None,
              "mfu_out_of_range": int(mfu is not None and not 0 <= mfu <= 1)}
             for s, (tokens, duration, mfu) in sorted(latest.items())]
-
-
-def shown(value: Any) -> str:
-    """A figure as the run page writes it (4 decimals at most, trailing zeros dropped; none as '–')."""
-    if value is None:
-        return "–"
-    if isinstance(value, int):
-        return str(value)
-    return f"{round(float(value), 4):.4f}".rstrip("0").rstrip(".")
 
 
 async def _produce_raw(settings: Settings) -> None:
@@ -154,12 +146,14 @@ def test_the_run_page_shows_tokens_tokens_per_s_and_mfu(published: Settings) -> 
     for r in expected:
         row = re.search(rf'<tr class="step" data-step="{r["step"]}">(.*?)</tr>', page).group(1)
         cells = dict(re.findall(r'<td class="n (tokens|tokens-per-s|mfu)">([^<]*)</td>', row))
-        assert cells == {"tokens": str(r["tokens"]), "tokens-per-s": shown(r["tokens_per_s"]), "mfu": shown(r["mfu"])}, r
+        # written by kind on the run page: a count with separators, a rate with an SI prefix, a ratio in %
+        assert cells == {"tokens": fmt_count(r["tokens"]), "tokens-per-s": fmt_rate(r["tokens_per_s"]),
+                         "mfu": fmt_ratio(r["mfu"])}, r
     assert page.count('<tr class="step"') == len(expected)  # the decoy project's step is not this run's
     figures = dict(re.findall(r'<div class="figure" data-figure="([^"]+)"><div class="label">[^<]*</div>'
                               r'<div class="value">([^<]*)</div>', page))
     assert (figures["tokens"], figures["median tokens/s (last 10 steps)"], figures["mean MFU (last 10 steps)"]) == (
-        "7600", "600", "0.35")
+        "7,600", "600/s", "35%")
     assert ('<p class="muted mfu-out-of-range" data-steps="1">1 step reported an MFU outside [0, 1]: no MFU is shown '
             "for them, and the mean leaves them out.</p>") in page
     # a point per step with the figure: tokens/s at 5 steps (none without a duration), MFU at 4
@@ -182,7 +176,7 @@ def test_the_reports_show_the_runs_throughput_and_mfu(published: Settings, tmp_p
     assert figures == {"tokens": "7600", "median-tokens-per-s": "600", "mean-mfu": "0.35", "mfu-out-of-range": "1"}
     assert '<p class="mfu-out-of-range">1 step reported an MFU outside [0, 1]' in page
     for chart, points in (("throughput", 5), ("mfu", 4)):
-        svg = re.search(rf'<svg data-chart="{chart}".*?</svg>', page, re.S).group(0)
+        svg = re.search(rf'<svg[^>]*data-chart="{chart}".*?</svg>', page, re.S).group(0)
         [line] = re.findall(r'<polyline class="series"[^>]*points="([^"]*)"', svg)
         assert len(line.split()) == points, chart
 

@@ -26,6 +26,7 @@ from rlpulse.base.terminal import terminal_safe
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.read import queries
 from rlpulse.sinks.store.clickhouse import open_reader
+from rlpulse.sinks.views.ui_html import fmt_count, fmt_duration, fmt_number, fmt_rate, fmt_ratio
 from tests.integration.sinks.views.browser import CHROMIUM, REPO, playwright_or_unavailable, ui_server
 from tests.integration import until
 
@@ -56,6 +57,21 @@ def shown(value: Any, digits: int = 4) -> str:
         return str(value)
     text = f"{round(float(value), digits):.{digits}f}".rstrip("0").rstrip(".")
     return "0" if text in ("-0", "") else text
+
+
+def points(page: Any, chart: str) -> dict[str, dict[float, float]]:
+    """Every dot of a chart: series -> {step: value}, from the exact values the dots carry (data-x, data-value)."""
+    found = page.locator(f'svg[data-chart="{chart}"] circle.point').evaluate_all(
+        "els => els.map(e => [e.dataset.series, e.dataset.x, e.dataset.value])")
+    out: dict[str, dict[float, float]] = {}
+    for series, x, value in found:
+        out.setdefault(series, {})[float(x)] = float(value)
+    return out
+
+
+def hover(page: Any, chart: str) -> list[str]:
+    """The hover text of each step of a chart (its transparent columns' <title>s), left to right."""
+    return page.locator(f'svg[data-chart="{chart}"] g.hover rect title').all_text_contents()
 
 
 @pytest.fixture(scope="module")
@@ -170,16 +186,92 @@ def test_run_page_charts_and_steps_equal_the_saved_queries(ran: Any) -> None:
     for r in trend:
         row = page.locator(f'tr.step[data-step="{r["step"]}"]')
         rate = rates[r["step"]]
+        # each number written by its kind: counts with separators, ratios in %, rates with an SI prefix
         assert {c: row.locator(f"td.{c}").inner_text() for c in ("tokens", "tokens-per-s", "mfu")} == {
-            "tokens": str(rate["tokens"]), "tokens-per-s": shown(rate["tokens_per_s"]), "mfu": shown(rate["mfu"])}
+            "tokens": fmt_count(rate["tokens"]), "tokens-per-s": fmt_rate(rate["tokens_per_s"]), "mfu": fmt_ratio(rate["mfu"])}
         got = {c: row.locator(f"td.{c}").inner_text() for c in ("rollouts", "clipped", "clipped-ratio", "change", "p10",
                                                                   "p50", "p90", "failures")}
-        assert got == {"rollouts": str(r["rollouts"]), "clipped": str(r["clipped"]), "clipped-ratio": shown(r["clipped_ratio"]),
-                       "change": shown(r["change"]), "p10": shown(pct[r["step"]]["p10"]), "p50": shown(pct[r["step"]]["p50"]),
-                       "p90": shown(pct[r["step"]]["p90"]), "failures": str(failures.get(r["step"], 0))}
+        assert got == {"rollouts": fmt_count(r["rollouts"]), "clipped": fmt_count(r["clipped"]),
+                       "clipped-ratio": fmt_ratio(r["clipped_ratio"]), "change": fmt_ratio(r["change"]),
+                       "p10": fmt_number(pct[r["step"]]["p10"]), "p50": fmt_number(pct[r["step"]]["p50"]),
+                       "p90": fmt_number(pct[r["step"]]["p90"]), "failures": fmt_count(failures.get(r["step"], 0))}
     segments = page.locator('svg[data-chart="failures"] rect.segment title').all_text_contents()
     assert sorted(segments) == sorted(f"step {r['step']} {r['term']}: {r['cause']}: {r['failures']}" for r in by_cause)
     shot(page, "run")
+
+
+def test_run_page_draws_tokens_throughput_and_the_judge_per_step_as_the_saved_queries_give(ran: Any) -> None:
+    page, settings = ran["page"].context.new_page(), ran["settings"]  # the next test goes on from ran["page"]
+    page.goto(ran["base"] + f"run?project=uisim&run={RUN}&attempt=1")
+    rates = [r for r in saved(settings, "step-throughput", run_id=RUN, attempt=1) if r["project"] == SIM.project]
+    assert len(rates) == SIM.steps
+    assert points(page, "tokens") == {"tokens": {r["step"]: r["tokens"] for r in rates}}
+    assert points(page, "throughput") == {"tokens/s": {r["step"]: r["tokens_per_s"] for r in rates
+                                                       if r["tokens_per_s"] is not None}}
+    assert points(page, "mfu") == {"MFU": {r["step"]: r["mfu"] for r in rates if r["mfu"] is not None}}
+    # hover text on every step of every series, each value written by its kind
+    timed = [r for r in rates if r["tokens_per_s"] is not None]
+    assert hover(page, "throughput") == [f"step {r['step']} | tokens/s: {fmt_rate(r['tokens_per_s'])}" for r in timed]
+    assert page.locator('svg[data-chart="throughput"] circle.point title').all_text_contents() == [
+        f"tokens/s at step {r['step']}: {fmt_rate(r['tokens_per_s'])}" for r in timed]
+    terms = [r for r in saved(settings, "term-figures", run_id=RUN) if (r["project"], r["attempt"]) == (SIM.project, 1)]
+    graded = [r for r in terms if r["graded"]]
+    judged = sorted({r["term"] for r in terms if r["judge_input_tokens"] or r["judge_output_tokens"]})
+    assert judged == ["judge"]  # the simulated judge reports its tokens; the format check has none
+    assert points(page, "judge-tokens") == {
+        f"{t} {io}": {r["step"]: r[f"judge_{key}_tokens"] for r in graded if r["term"] == t}
+        for t in judged for io, key in (("in", "input"), ("out", "output"))}
+    assert points(page, "grader-durations") == {
+        f"{t} {q}": {r["step"]: r[f"duration_{q}_s"] for r in graded if r["term"] == t}
+        for q in ("p50", "p90") for t in sorted({r["term"] for r in graded})}
+    titles = page.locator('svg[data-chart="grader-durations"] circle.point title').all_text_contents()
+    assert sorted(titles) == sorted(f"{r['term']} {q} at step {r['step']}: {fmt_duration(r[f'duration_{q}_s'])}"
+                                    for r in graded for q in ("p50", "p90"))
+    # the terms table: the judge's tokens as counts, its p90 as a duration
+    row = page.locator('table.terms tr.term[data-term="judge"]')
+    judge = [r for r in terms if r["term"] == "judge"]
+    assert row.locator("td.judge-input-tokens").inner_text() == fmt_count(sum(r["judge_input_tokens"] for r in judge))
+    assert row.locator("td.duration-p90-s").inner_text() == fmt_duration(
+        max(r["duration_p90_s"] for r in judge if r["graded"]))
+
+
+def test_run_page_is_a_grid_without_empty_charts_and_links_search_and_compare(ran: Any) -> None:
+    page = ran["page"].context.new_page()
+    page.goto(ran["base"] + f"run?project=uisim&run={RUN}&attempt=1")
+    assert page.locator("svg.chart.empty").count() == 0 and page.locator(".no-data").count() == 0
+    charts = page.locator(".charts svg.chart").all()
+    assert len(charts) >= 10
+    first, second = charts[0].bounding_box(), charts[1].bounding_box()
+    assert first["y"] == second["y"] and second["x"] > first["x"] + first["width"] - 1, "two charts to a row"
+    assert page.locator(".charts g.hover rect").count() > 0
+    links = {a.get_attribute("class"): a.get_attribute("href") for a in page.locator(".run-links a").all()}
+    assert links == {"search-run": f"/search?project=uisim&run={RUN}&attempt=1",
+                     "compare-run": f"/compare?run=uisim%2F{RUN}%2F1"}
+    # the traced agent's run has no GPU and no engine: those charts are not drawn, one line names them
+    page.goto(ran["base"] + "run?project=traces&run=agent&attempt=1")
+    assert page.locator("svg.chart.empty").count() == 0 and page.locator(".no-data").count() == 0
+    for name in ("gpu-utilization", "gpu-power", "engine", "engine-rate", "engine-latency", "failures"):
+        assert page.locator(f'svg[data-chart="{name}"]').count() == 0, name
+    missing = page.locator("p.not-drawn").get_attribute("data-charts").split(",")
+    assert {"GPU utilisation", "GPU power", "engines", "grader failures"} <= set(missing)
+    assert "rollout metric turns" not in missing
+
+
+def test_run_page_draws_rollout_and_reward_metrics_as_the_saved_query_gives(ran: Any) -> None:
+    page, settings = ran["page"].context.new_page(), ran["settings"]
+    page.goto(ran["base"] + "run?project=traces&run=agent&attempt=1")
+    rows = [r for r in saved(settings, "rollout-metrics", run_id="agent") if (r["project"], r["attempt"]) == ("traces", 1)]
+    names = {(r["kind"], r["name"]) for r in rows}
+    assert names == {("ROLLOUT", "turns"), ("ROLLOUT", "tool_calls"), ("REWARD", "exact"), ("REWARD", "length")}
+    assert {r["step"] for r in rows} == {0, 1} and all(r["rollouts"] == 2 for r in rows)  # 2 traced rollouts a step
+    for kind, name in sorted(names):
+        chart = f"{kind.lower()}-metric-{name}"
+        mine = [r for r in rows if (r["kind"], r["name"]) == (kind, name)]
+        assert points(page, chart) == {q: {r["step"]: r[q] for r in mine} for q in ("mean", "min", "max")}, chart
+        assert hover(page, chart) == [
+            f"step {r['step']} | mean ± std: {fmt_number(r['mean'] - r['std'])} to {fmt_number(r['mean'] + r['std'])} | "
+            f"mean: {fmt_number(r['mean'])} | min: {fmt_number(r['min'])} | max: {fmt_number(r['max'])}" for r in mine]
+    shot(page, "run-traced")
 
 
 def test_step_page_samples_side_by_side(ran: Any) -> None:

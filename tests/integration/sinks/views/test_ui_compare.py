@@ -29,7 +29,7 @@ from rlpulse.sinks.read import queries
 from rlpulse.sinks.store.clickhouse import open_reader
 from tests.integration import until
 from rlpulse.sinks.views.ui_html import fmt_number, fmt_rate
-from tests.integration.sinks.views.browser import CHROMIUM, playwright_or_unavailable, ui_server
+from tests.integration.sinks.views.browser import CHROMIUM, REPO, playwright_or_unavailable, ui_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
 pytest.importorskip("openai")
@@ -218,10 +218,17 @@ def test_the_runs_page_ticks_runs_into_a_compare_url_and_links_each_search(ran: 
     assert page.locator("p.total").get_attribute("data-total") == str(5 * ROLLOUTS)
 
 
+def shot(page: Any, name: str) -> None:
+    """The page's screenshot into docs/ui/ (docs/queries-and-views.md shows them), as test_ui's pages."""
+    (REPO / "docs" / "ui").mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(REPO / "docs" / "ui" / f"{name}.png"), full_page=True)
+
+
 def test_overlaid_figures_equal_the_saved_queries_per_run_and_step(ran: Any) -> None:
     page, settings = ran["page"], ran["settings"]
     names = ["loss", "kl", "grad_norm", "entropy"]
     assert page.goto(ran["base"] + compare_url(ALL, metric=names)).status == 200
+    shot(page, "compare")
     pct = {k: {s: r for s, r in v.items()} for k, v in per_run(settings, "reward-percentiles", "p50").items()}
     full = {k: {int(r["step"]): r for r in saved(settings, "reward-percentiles", run_id=ATTEMPT[k][0], attempt=ATTEMPT[k][1])
                 if r["p50"] is not None} for k in ALL}
@@ -453,6 +460,7 @@ def test_search_finds_what_sql_over_the_spans_finds(ran: Any, filters: dict[str,
 def test_the_search_form_keeps_what_it_was_given_and_a_hit_opens_its_trajectory(ran: Any) -> None:
     page = ran["page"]
     page.goto(ran["base"] + f"search?project={PROJECT}&run=alpha")
+    shot(page, "search")
     page.fill('input[name="q"]', "apple")
     page.select_option('select[name="failed"]', "judge")
     page.fill('input[name="to"]', "1")

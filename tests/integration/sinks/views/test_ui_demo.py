@@ -25,6 +25,7 @@ from rlpulse.producers.simulators.simulator import simulate
 from rlpulse.schemas.topics import ensure_topics
 from rlpulse.sinks.read import queries
 from rlpulse.sinks.store.clickhouse import open_reader
+from rlpulse.sinks.views.ui_html import fmt_number
 from tests.integration import until
 from tests.integration.sinks.views.browser import CHROMIUM, playwright_or_unavailable, ui_server
 
@@ -103,7 +104,11 @@ def test_loss_and_kl_are_drawn_at_every_step_with_the_values_sent(demo_page: Any
         assert line.get_attribute("data-points") == str(config.steps), name
         got = sorted(page.locator('svg[data-chart^="metric-"] circle title').filter(
             has_text=re.compile(rf"^{name} at step")).all_text_contents())
-        assert got == sorted(f"{name} at step {s}: {truth.metrics[(RUN, s)][name]:g}" for s in range(config.steps))
+        # the hover text writes the value as the page writes numbers (ui_html.fmt_number); the dot carries it exact
+        assert got == sorted(f"{name} at step {s}: {fmt_number(truth.metrics[(RUN, s)][name])}" for s in range(config.steps))
+        exact = line.locator("xpath=..").locator(f'circle.point[data-series="{name}"]').evaluate_all(
+            "els => els.map(e => [Number(e.dataset.x), Number(e.dataset.value)])")
+        assert sorted(map(tuple, exact)) == [(s, truth.metrics[(RUN, s)][name]) for s in range(config.steps)]
     stored = saved(demo_page["settings"], "step-metrics", run_id=RUN)
     assert {(r["step"], r["name"]): r["value"] for r in stored} == {
         (s, n): v for (run, s), m in truth.metrics.items() if run == RUN for n, v in m.items()}
