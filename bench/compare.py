@@ -57,6 +57,12 @@ TABLE = [
     Row("ui_run_s_max", "  a run of 1,000 steps x 512 rollouts", "s", "< 1", "-"),
     Row("ui_step_s_max", "  a step's 512 trajectories", "s", "< 1", "-"),
     Row("ui_trajectory_s_max", "  a trajectory", "s", "< 1", "-"),
+    Row("ui_compare_8_s_max", "  8 runs compared, by step", "s", "< 1", "-"),
+    Row("ui_compare_8_time_smooth_s_max", "  8 runs compared, by time, smoothed, 2 metrics", "s", "< 1", "-"),
+    Row("ui_search_s_max", "  search of 512,000 trajectories, reward + failed", "s", "< 1", "-"),
+    Row("ui_search_text_s_max", "  search by text in the dialogues", "s", "< 1", "-"),
+    Row("ui_search_page_40_s_max", "  search, page 40", "s", "< 1", "-"),
+    Row("ui_within_target", "  every page 200 and within 1 s", "", "true", ""),
 ]
 
 
@@ -109,8 +115,11 @@ def table(r: dict[str, Any], ratios: dict[str, dict[str, Any]] | None = None, ba
         c = ratios.get(key)
         return "" if c is None else f"{c['ratio']:.2f}x" + ("  WORSE" if c["worse"] else "")
 
-    rows = [(row.label.format(runs=runs), _fmt(r.get(row.key), row.unit), row.unit, row.target, versus(row.key))
-            for row in TABLE]
+    def value(row: Row) -> str:
+        status = r.get(row.key.removesuffix("_s_max") + "_status")  # a ui page that did not answer 200 has no time
+        return f"HTTP {status}" if r.get(row.key) is None and status not in (None, 200) else _fmt(r.get(row.key), row.unit)
+
+    rows = [(row.label.format(runs=runs), value(row), row.unit, row.target, versus(row.key)) for row in TABLE]
     head = ("figure", "value", "unit", "target", f"vs baseline {baseline_commit}" if baseline_commit else "")
     w = [max(len(x[i]) for x in [*rows, head]) for i in range(5)]
     lines = [f"{head[0].ljust(w[0])}  {head[1].rjust(w[1])}  {head[2].ljust(w[2])}  {head[3].ljust(w[3])}  {head[4]}",

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-sdk", action="store_true", help="leave out bench/sdk.py's figures")
     p.add_argument("--skip-e2e", action="store_true", help="leave out the ceilings, the drains and the latency")
     p.add_argument("--skip-ui", action="store_true",
-                   help="leave out rlpulse ui's answer times for a run of 1,000 steps x 512 rollouts (bench/ui_bench.py)")
+                   help="leave out rlpulse ui's answer times for 8 runs of 1,000 steps x 512 rollouts (bench/ui_bench.py)")
     p.add_argument("--drain-timeout", type=float, default=300.0, help="seconds before a drain counts as not completed")
     p.add_argument("--latency-s", type=float, default=None,
                    help="seconds of live load for the latency figures (default 20; 5 with --quick or --smoke)")

@@ -73,13 +73,19 @@ def sdk_figures(settings: Settings, repetitions: int = REPS) -> dict[str, Any]:
 
 
 def ui_figures_or_error(settings: Settings, errors: dict[str, str]) -> dict[str, Any]:
-    """rlpulse ui's answer times for 1,000 steps x 512 rollouts (bench/ui_bench.py); a failure is recorded."""
+    """rlpulse ui's answer times for 8 runs of 1,000 steps x 512 rollouts (bench/ui_bench.py); a failure, and each
+    page that did not answer 200, is recorded."""
     try:
         from bench.ui_bench import ui_figures
 
-        _say("ui: loading 1,000 steps x 512 rollouts into a store and timing each page ...")
-        with Ticker("ui: timing the pages", say=_say, every=10):
-            return ui_figures(settings)
+        _say("ui: loading 8 runs of 1,000 steps x 512 rollouts into a store and timing each page ...")
+        with Ticker("ui: loading and timing the pages", say=_say, every=10):
+            figures = ui_figures(settings)
+        for page, why in figures.get("ui_failed_pages", {}).items():
+            errors[f"ui {page}"] = why
+        if figures.get("ui_note"):
+            _say(f"ui: {figures['ui_note']}")
+        return figures
     except Exception as exc:
         errors["ui"] = f"{type(exc).__name__}: {exc}"
         _say(traceback.format_exc(limit=4))
