@@ -17,9 +17,10 @@ map:
   tuple or set as JSON text (sets sorted); anything else ``str(value)``.
 * **Secrets never leave**: a key any of whose dotted parts looks like a credential (``is_secret``:
   contains ``api_key``, ``apikey``, ``password``, ``passwd``, ``secret``, ``credential``,
-  ``private_key`` or ``access_key``, or is ``key`` (OpenRLHF's ``logger.wandb.key``) or ``token`` or
-  ends in ``_token``, except a tokenizer's special tokens such as ``pad_token``) has its value, or
-  its whole subtree, replaced by ``***``.
+  ``private_key`` or ``access_key``, or is ``key`` (OpenRLHF's ``logger.wandb.key``) or ``token``, or
+  ends in ``_token``, except a tokenizer's special tokens such as ``pad_token``, or in ``_key``, except
+  dataset fields such as ``prompt_key`` and ``*metric_key``; ``-`` reads as ``_``; the parts of a
+  flat name such as ``wandb.key`` count too) has its value, or its whole subtree, replaced by ``***``.
 * **Bounds** (``MAX_DEPTH``, ``MAX_KEYS``, ``MAX_KEY``, ``MAX_VALUE``, ``MAX_BYTES``): a mapping nested
   deeper than ``MAX_DEPTH`` levels becomes one JSON-text value; a value longer than ``MAX_VALUE``
   characters is cut and ends in a ``…(+N chars)`` mark (counted in ``_rlpulse.config_truncated_values``);
@@ -64,9 +65,23 @@ _NOT_SECRET_TOKENS = frozenset({"pad_token", "eos_token", "bos_token", "unk_toke
                                 "chat_template_token", "image_token", "video_token", "audio_token"})
 
 
+# Names ending in _key that are dataset fields, not credentials (OpenRLHF's input_key, verl's data.prompt_key), and
+# any *metric_key (verl's best_eval_metric_key): every other *_key is taken for a credential (openai_key, wandb_key).
+_NOT_SECRET_KEYS = frozenset({"input_key", "output_key", "prompt_key", "label_key", "response_key", "chosen_key",
+                              "rejected_key", "reward_key", "image_key", "images_key", "text_key", "query_key",
+                              "answer_key", "completion_key", "messages_key", "group_key", "sort_key", "data_key",
+                              "video_key", "audio_key", "teacher_key", "reward_fn_key", "tools_key"})
+
+
 def is_secret(name: str) -> bool:
-    """Does one part of a setting's name look like a credential (its value is then never sent)?"""
-    lower = name.lower()
+    """Does any dotted part of a setting's name (``wandb.key``, ``hf.token``: a flat mapping's or an OTel
+    attribute's name holds the dots itself) look like a credential? Its value is then never sent."""
+    return any(_secret_part(part) for part in name.lower().replace("-", "_").split("."))
+
+
+def _secret_part(lower: str) -> bool:
+    if lower.endswith("_key") and lower not in _NOT_SECRET_KEYS and not lower.endswith("metric_key"):
+        return True
     if any(part in lower for part in _SECRET_PARTS):
         return True
     # "key" alone is a credential (wandb's); "input_key", "prompt_key" name dataset columns
@@ -91,7 +106,10 @@ def _as_mapping(obj: Any) -> Mapping[Any, Any] | None:
     if type(obj).__module__.startswith("omegaconf"):  # DictConfig is no Mapping; omegaconf is loaded if it is here
         omegaconf = sys.modules.get("omegaconf")
         if omegaconf is not None and isinstance(obj, omegaconf.DictConfig):
-            container = omegaconf.OmegaConf.to_container(obj, resolve=True)
+            try:  # an unresolvable interpolation raises omegaconf's own errors, not ValueError
+                container = omegaconf.OmegaConf.to_container(obj, resolve=True)
+            except Exception as exc:
+                raise ValueError(f"config: OmegaConf could not resolve it: {type(exc).__name__}: {exc}") from None
             return container if isinstance(container, Mapping) else None
         return None
     if isinstance(obj, type):

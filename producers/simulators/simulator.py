@@ -75,6 +75,17 @@ class GroundTruth:
         }
 
 
+LEARNING_RATES = (1e-5, 2e-5, 5e-6)  # one per simulated run, so the compare page has settings that differ
+
+
+def run_settings(config: SimConfig, r: int) -> dict[str, object]:
+    """The settings simulated run ``r`` reports (TrainingTelemetry's config): shared ones, a learning rate and a seed
+    of its own."""
+    return {"algorithm": "grpo", "optim": {"name": "adamw", "lr": LEARNING_RATES[r % len(LEARNING_RATES)]},
+            "rollouts_per_step": config.rollouts_per_step, "rollouts_per_sample": config.rollouts_per_sample,
+            "terms": list(config.terms), "seed": config.seed + r}
+
+
 def simulate(settings: Settings, config: SimConfig, progress: Callable[[str], None] = lambda line: None) -> GroundTruth:
     """Publish the configured runs through the SDK; every failure cause occurs in every run."""
     rng = random.Random(config.seed)
@@ -82,7 +93,8 @@ def simulate(settings: Settings, config: SimConfig, progress: Callable[[str], No
     for r in range(config.runs):
         run_id = f"{config.project}-run{r + 1}"
         stall = config.stall_s if r == config.runs - 1 else 0.0
-        with TrainingTelemetry(project=config.project, run_id=run_id, attempt=1, trainer="rl", settings=settings) as tel:
+        with TrainingTelemetry(project=config.project, run_id=run_id, attempt=1, trainer="rl", settings=settings,
+                               config=run_settings(config, r)) as tel:
             truth.step_events += 2  # RUN_START and RUN_END
             first_ns = last_ns = time.time_ns()
             for step in range(config.steps):

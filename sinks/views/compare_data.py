@@ -50,14 +50,17 @@ class CompareData:
     chosen: list[str] = field(default_factory=list)
 
 
-def resolve(store: Store, wanted: list[tuple[str, str, int | None]]) -> tuple[list[Key], list[str]]:
-    """The runs named (attempt None: the latest), and a description of each one the store has no rows of."""
+def resolve(store: Store, wanted: list[tuple[str, str, int | None]]
+            ) -> tuple[list[Key], list[str], dict[Key, list[tuple[str, str, int | None]]]]:
+    """The runs named (attempt None: the latest), a description of each one the store has no rows of, and for
+    each run the URL's entries that name it (``p/r`` and ``p/r/2`` both name attempt 2 when it is the latest)."""
     pairs = sorted({(p, r) for p, r, _ in wanted})
     found = {(str(p), str(r)): {int(a) for a in attempts} for p, r, attempts in rows(store, """
         SELECT project, run_id, groupUniqArray(attempt) FROM {db}.steps
         WHERE (project, run_id) IN {pairs:Array(Tuple(String, String))} GROUP BY project, run_id""", pairs=pairs)}
     keys: list[Key] = []
     missing: list[str] = []
+    named: dict[Key, list[tuple[str, str, int | None]]] = {}  # key -> the URL's entries that name it
     for project, run, attempt in wanted:
         attempts = found.get((project, run), set())
         if not attempts or (attempt is not None and attempt not in attempts):
@@ -66,7 +69,8 @@ def resolve(store: Store, wanted: list[tuple[str, str, int | None]]) -> tuple[li
         key = (project, run, attempt if attempt is not None else max(attempts))
         if key not in keys:
             keys.append(key)
-    return keys, missing
+        named.setdefault(key, []).append((project, run, attempt))
+    return keys, missing, named
 
 
 def _by_run(found: list[tuple], value: Any = None) -> dict[Key, dict[int, Any]]:
@@ -130,7 +134,7 @@ def compare_data(store: Store, runs: list[Key], lo: int | None, hi: int | None, 
         GROUP BY project, run_id, attempt""", **p)}
     union = sorted({n for ns in names.values() for n in ns})
     shared = sorted(set.intersection(*(set(names.get(k, ())) for k in runs))) if runs else []
-    chosen = [n for n in wanted if n in union][:METRIC_CHARTS] or (shared or union)[:DEFAULT_METRICS]
+    chosen = [n for n in dict.fromkeys(wanted) if n in union][:METRIC_CHARTS] or (shared or union)[:DEFAULT_METRICS]
     metric_rows = rows(store, f"""
         SELECT project, run_id, attempt, step, name, value FROM {{db}}.step_metrics
         WHERE {RUNS} AND {STEPS} AND name IN {{names:Array(String)}}""", names=chosen, **p) if chosen else []

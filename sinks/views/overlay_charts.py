@@ -14,6 +14,8 @@ for a band, ``data-lo`` / ``data-hi``: exact figures for a test or a scraper, no
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -81,6 +83,10 @@ class Point:
     hi: float | None = None
 
 
+def _finite(p: Point) -> bool:
+    return all(v is None or math.isfinite(v) for v in (p.x, p.value, p.lo, p.hi))
+
+
 @dataclass
 class Series:
     index: int  # the run's place in the URL: its colour and dash
@@ -118,6 +124,9 @@ def overlay(name: str, title: str, axis: Axis, series: Sequence[Series], fmt: Ca
     """One <svg data-chart=name>: a line per run (``<polyline class="series" data-run>``, in its colour and dash),
     a shaded band per run whose points carry lo/hi, hover titles; "" when no run has a point (the page hides
     empty charts). ``smooth``: the EMA weight applied to what is drawn; ``fmt``: how values read (by kind)."""
+    # a NaN or an infinity (a trainer scalar that blew up, a histogram of zero counts) is not a place on an axis:
+    # such points are left out of the line, as a missing step is
+    series = [dataclasses.replace(s, points=[p for p in s.points if _finite(p)]) for s in series]
     drawn = [s for s in series if s.points]
     if not drawn:
         return ""

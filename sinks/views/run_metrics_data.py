@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlpulse.schemas.enums import SPAN_KINDS
 from rlpulse.sinks.read import queries
 from rlpulse.sinks.store.clickhouse import Store
 
 QUERY = "rollout-metrics"
-KINDS = ("ROLLOUT", "REWARD")  # the entry kinds, in the order the page draws them
+KINDS = (SPAN_KINDS[0], SPAN_KINDS[1])  # the entry kinds ROLLOUT and REWARD, in the order the page draws them
 _BY_RUN = "WHERE run_id = {run_id:String}"
 NAMES_PER_KIND = 10  # charts drawn per kind: seed 000 advises at most 10 names, and the SDK refuses more
 

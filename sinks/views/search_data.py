@@ -10,9 +10,9 @@ step and sample are the ROLLOUT span's. A filter left empty keeps every trajecto
 * ``failed``: a GRADER span of that term (``any``: of any term) whose outcome is set and not ``ok``;
 * ``clipped``: 1, the ROLLOUT span says clipped; 0, it does not (false or not recorded);
 * ``lo`` / ``hi``: the ROLLOUT span's step within [lo, hi];
-* ``q``: text in any of the trajectory's LLM spans' ``gen_ai.input.messages`` or ``gen_ai.output.messages``
-  attributes (the judge's calls too), case-insensitive, as recorded (JSON: the text is matched as typed and as
-  JSON escapes it, so a quote or a newline in it matches the recorded content).
+* ``q``: text in the dialogue of any of the trajectory's LLM spans (the judge's calls too): the content of the
+  messages of their ``gen_ai.input.messages`` and ``gen_ai.output.messages`` attributes (:data:`DIALOGUE`, not
+  the JSON around it), case-insensitive.
 
 Why it answers a run of 512,000 trajectories within a second: every query names the run's whole key, the
 prefix of the spans table's sort key (project, run_id, attempt, ...), and filters ``kind`` in PREWHERE, so it
@@ -25,7 +25,6 @@ for those keys alone. Duplicates of a span (a replayed offset range) are one tra
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +44,13 @@ KEY = "if(rollout_id != '', rollout_id, concat('trace ', trace_id))"  # a trajec
 RUN = "project = {p:String} AND run_id = {r:String} AND attempt = {a:UInt32}"
 FAILED = "ifNull(outcome, '') NOT IN ('', 'ok')"  # a GRADER span that failed (Rollout.failed's rule)
 MESSAGES = ("gen_ai.input.messages", "gen_ai.output.messages")
+# The dialogue's text of an LLM span: each message's content (a string, or its text parts) one per line, the
+# prompt's then the reply's. The text search and the preview read this, never the raw JSON, so a word of the
+# JSON's structure ("role", "content", "user") matches nothing and a quote or a newline matches as typed.
+_CONTENT = ("arrayStringConcat(arrayMap(m -> if(JSONType(m, 'content') = 'Array', arrayStringConcat(arrayMap("
+            "x -> JSONExtractString(x, 'text'), JSONExtractArrayRaw(m, 'content')), ' '), JSONExtractString(m, 'content')), "
+            "JSONExtractArrayRaw(attributes['{m}'])), '\\n')")
+DIALOGUE = f"concat({_CONTENT.format(m=MESSAGES[0])}, '\\n', {_CONTENT.format(m=MESSAGES[1])})"
 
 
 @dataclass
@@ -86,17 +92,6 @@ class Found:
     hits: list[Hit]
 
 
-def needles(q: str) -> list[str]:
-    """The text as typed and as JSON writes it (both ``ensure_ascii`` forms): content is stored as JSON, where a
-    quote, a backslash or a newline is escaped and a writer may escape non-ASCII. Pure: tested as a unit."""
-    out = [q]
-    for ascii_only in (False, True):
-        escaped = json.dumps(q, ensure_ascii=ascii_only)[1:-1]
-        if escaped not in out:
-            out.append(escaped)
-    return out
-
-
 def where(s: Search) -> tuple[str, str, dict[str, Any]]:
     """The conditions of ``s``'s filters: on the run's ROLLOUT spans (their own fields, and key IN subqueries for
     a failed term or a text), on the reward once the REWARD entry's has filled a ROLLOUT span's missing one,
@@ -120,21 +115,24 @@ def where(s: Search) -> tuple[str, str, dict[str, Any]]:
         if s.failed != ANY_TERM:
             params["term"] = s.failed
     if s.q:
-        found = " OR ".join(f"multiSearchAnyCaseInsensitiveUTF8(attributes['{m}'], {{q:Array(String)}})" for m in MESSAGES)
-        spans.append(f"key IN (SELECT {KEY} FROM {{db}}.spans PREWHERE kind = '{LLM}' WHERE {RUN} AND ({found}))")
-        params["q"] = needles(s.q)
+        found = f"positionCaseInsensitiveUTF8({DIALOGUE}, {{q:String}}) > 0"
+        spans.append(f"key IN (SELECT {KEY} FROM {{db}}.spans PREWHERE kind = '{LLM}' WHERE {RUN} AND {found})")
+        params["q"] = s.q
     return "".join(f" AND {c}" for c in spans), " AND ".join(reward) or "true", params
 
 
 def matching(s: Search) -> tuple[str, dict[str, Any]]:
-    """The SELECT of the run's trajectories matching ``s``, one row per ROLLOUT span (FINAL: a span stored twice
-    is one): key, st, smp, rw, sts, clp, tokens."""
+    """The SELECT of the run's trajectories matching ``s``, one row per trajectory key (FINAL: a span stored twice
+    is one; two ROLLOUT spans of one key are one, the later's figures): key, st, smp, rw, sts, clp, tokens."""
     narrow, reward, params = where(s)
     return f"""
         SELECT key, st, smp, if(rw0 IS NULL, entry.rw1, rw0) AS rw, sts, clp, tokens FROM (
-            SELECT {KEY} AS key, step AS st, {SAMPLE_SQL} AS smp, reward AS rw0, status AS sts, clipped AS clp,
-                   completion_tokens AS tokens
-            FROM {{db}}.spans FINAL PREWHERE kind = '{ROLLOUT}' WHERE {RUN}{narrow}) AS rollout
+            -- one row per trajectory: two ROLLOUT spans of one key (a retried rollout, a span sent again under a
+            -- new sequence id) are one, with the figures of the later one (through a tuple: argMax skips NULLs)
+            SELECT key, t.1 AS st, t.2 AS smp, t.3 AS rw0, t.4 AS sts, t.5 AS clp, t.6 AS tokens FROM (
+                SELECT {KEY} AS key,
+                       argMax(tuple(step, {SAMPLE_SQL}, reward, status, clipped, completion_tokens), sequence_id) AS t
+                FROM {{db}}.spans FINAL PREWHERE kind = '{ROLLOUT}' WHERE {RUN}{narrow} GROUP BY key)) AS rollout
         LEFT ANY JOIN (
             SELECT {KEY} AS key, any(reward) AS rw1 FROM {{db}}.spans PREWHERE kind = '{REWARD}'
             WHERE {RUN} AND reward IS NOT NULL GROUP BY key) AS entry USING key
@@ -163,11 +161,7 @@ def _details(store: Store, s: Search, hits: list[Hit]) -> None:
     failed = {str(k): sorted(str(t) for t in terms) for k, terms in rows(store, f"""
         SELECT {KEY} AS key, groupUniqArray(ifNull(term, '')) FROM {{db}}.spans PREWHERE kind = '{GRADER}'
         WHERE {RUN} AND key IN {{keys:Array(String)}} AND {FAILED} GROUP BY key""", **run)}
-    # the dialogue's text: each message's content (a string, or its text parts) one per line
-    content = ("arrayStringConcat(arrayMap(m -> if(JSONType(m, 'content') = 'Array', arrayStringConcat(arrayMap("
-               "x -> JSONExtractString(x, 'text'), JSONExtractArrayRaw(m, 'content')), ' '), JSONExtractString(m, 'content')), "
-               "JSONExtractArrayRaw(attributes['{m}'])), '\\n')")
-    said = f"concat({content.format(m=MESSAGES[0])}, '\\n', {content.format(m=MESSAGES[1])})"
+    said = DIALOGUE
     if s.q:  # the text around the first match, in the first LLM span that matches
         at = "positionCaseInsensitiveUTF8(txt, {q:String})"
         start = f"greatest(1, toInt64({at}) - {PREVIEW // 3})"  # a third of the preview before the match: its context

@@ -228,7 +228,9 @@ def lines(name: str, title: str, axis: Axis, series: dict[str, list[tuple[float,
     """One <polyline class="series" data-series> per series, a shaded band (lo..hi) per band. ``fmt`` writes
     the y values (ticks and hover text; ``unit`` is appended to hover values). A series of at most
     DOTS_UP_TO points has a <circle class="point" data-x data-value> per point, its <title> the value."""
-    bands = bands or {}
+    # a NaN or an infinity is no place on the axis (nice_ticks would raise): such points are left out, as a missing step
+    series = {k: [(s, v) for s, v in pts if math.isfinite(v)] for k, pts in series.items()}
+    bands = {k: [(s, a, b) for s, a, b in pts if math.isfinite(a) and math.isfinite(b)] for k, pts in (bands or {}).items()}
     values = [y for pts in series.values() for _, y in pts] + [v for b in bands.values() for _, lo, hi in b for v in (lo, hi)]
     if not values:
         return no_data(name, title, axis)

@@ -18,7 +18,6 @@ left out rather than drawn empty.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from urllib.parse import quote, unquote
 
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views import compare_data as cd
@@ -26,30 +25,11 @@ from rlpulse.sinks.views import overlay_charts as oc
 from rlpulse.sinks.views.ui_data import has_tables
 from rlpulse.sinks.views.ui_html import fmt_count, fmt_number, fmt_rate, fmt_ratio, href, table, text
 from rlpulse.sinks.views.ui_pages import NotFound
-from rlpulse.sinks.views.ui_params import INT_MAX, MAX_VALUE, BadParameter, Page, Query, choice, decimal, integer, one
+from rlpulse.sinks.views.ui_params import (INT_MAX, MAX_VALUE, BadParameter, Page, Query, choice, decimal, integer, one,
+                                          parse_run, run_param)
 
 MAX_TERMS = 8  # failure-rate charts at most (one per grader term); more are said, not drawn
 XS = ("step", "time")
-
-
-def run_param(key: tuple[str, str, int | None]) -> str:
-    """A run as the URL's ``run=`` value: each part percent-encoded, so a '/' inside an id stays inside it."""
-    project, run, attempt = key
-    return f"{quote(project, safe='')}/{quote(run, safe='')}" + ("" if attempt is None else f"/{attempt}")
-
-
-def parse_run(value: str) -> tuple[str, str, int | None]:
-    """``PROJECT/RUN[/ATTEMPT]`` (parts percent-encoded) as (project, run, attempt or None: the latest)."""
-    parts = value.split("/")
-    expected = f"run: expected PROJECT/RUN or PROJECT/RUN/ATTEMPT, each part percent-encoded, got {value!r}"
-    if len(parts) not in (2, 3) or not all(parts[:2]):
-        raise BadParameter(expected)
-    attempt = None
-    if len(parts) == 3:
-        if not parts[2].isdigit() or not 1 <= int(parts[2]) <= 2**32 - 1:
-            raise BadParameter(f"run: the attempt is a whole number from 1, got {parts[2]!r} in {value!r}")
-        attempt = int(parts[2])
-    return unquote(parts[0]), unquote(parts[1]), attempt
 
 
 def smoothing(query: Query) -> float:
@@ -109,24 +89,25 @@ def compare_page(store: Store, query: Query, now_ns: int) -> Page:
             "<code>/compare?run=PROJECT/RUN/ATTEMPT&amp;run=…</code>.</p>")
     if not has_tables(store):
         raise NotFound("the store has no rlpulse tables yet: nothing has reached it")
-    keys, missing = cd.resolve(store, view.wanted)
+    keys, missing, named = cd.resolve(store, view.wanted)
     if missing:
         raise NotFound("not in the store: run " + "; run ".join(missing))
     d = cd.compare_data(store, keys, view.lo, view.hi, view.metrics)
     projects = {k[0] for k in keys}
     labels = {k: (f"{k[0]}/" if len(projects) > 1 else "") + f"{k[1]} #{k[2]}" for k in keys}
-    body = (_runs_table(view, keys, labels, d) + _form(view, d) + _charts(view, keys, labels, d)
+    body = (_runs_table(view, keys, named, labels, d) + _form(view, d) + _charts(view, keys, labels, d)
             + _config_table(view, keys, labels, d.config))
     return f"Compare {len(keys)} run{'s' if len(keys) > 1 else ''}", crumbs, f'<div class="compare">{body}</div>'
 
 
-def _runs_table(view: CompareView, keys: list[cd.Key], labels: dict[cd.Key, str], d: cd.CompareData) -> str:
+def _runs_table(view: CompareView, keys: list[cd.Key], named: dict[cd.Key, list[tuple[str, str, int | None]]],
+                labels: dict[cd.Key, str], d: cd.CompareData) -> str:
     """The legend: each run's line sample (colour and dash), name, links to its page, its search, and this view
-    without it."""
+    without it (without every entry of the URL that names it)."""
     rows = []
-    for i, (k, wanted) in enumerate(zip(keys, view.wanted)):
+    for i, k in enumerate(keys):
         at = [("project", k[0]), ("run", k[1]), ("attempt", k[2])]
-        others = [w for w in view.wanted if w != wanted]
+        others = [w for w in view.wanted if w not in named.get(k, [])]
         steps = len(set(d.reward_mean.get(k, {})) | set(d.minutes.get(k, {})))
         config = "" if d.config is None or d.config.get(k) else '<span class="muted">no configuration recorded</span>'
         rows.append(f'<tr class="compared" data-run="{text(run_param(k))}" data-index="{i}"><td>{oc.swatch(i)}</td>'

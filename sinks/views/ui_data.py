@@ -76,9 +76,13 @@ def staleness(store: Store, keys: list[str]) -> dict[str, tuple[int | None, floa
 
 
 def latest_attempt(store: Store, project: str, run: str) -> int | None:
-    found = rows(store, "SELECT max(attempt), count() FROM {db}.steps WHERE project = {p:String} AND run_id = {r:String}",
-                 p=project, r=run)
-    return int(found[0][0]) if found and found[0][1] else None
+    """The run's latest attempt in its step events, else in its spans (a traced agent's run may have no steps)."""
+    for table in ("steps", "spans"):
+        found = rows(store, f"SELECT max(attempt), count() FROM {{db}}.{table} WHERE project = {{p:String}} AND "
+                     "run_id = {r:String}", p=project, r=run)
+        if found and found[0][1]:
+            return int(found[0][0])
+    return None
 
 
 # -- a run ---------------------------------------------------------------------------------------
@@ -148,7 +152,7 @@ def run_data(store: Store, project: str, run: str, attempt: int, wanted: list[st
         ORDER BY step""", **p)}
     metric_rows = [r for r in saved(store, "step-metrics", run_id=run) if (r["project"], r["attempt"]) == (project, attempt)]
     names = sorted({str(r["name"]) for r in metric_rows})
-    chosen = [n for n in wanted if n in names][:METRIC_CHARTS] or names[:DEFAULT_METRICS]
+    chosen = [n for n in dict.fromkeys(wanted) if n in names][:METRIC_CHARTS] or names[:DEFAULT_METRICS]
     metrics: dict[str, list[tuple[int, float]]] = {n: [] for n in chosen}
     for r in metric_rows:
         if r["name"] in metrics:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Iterable
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlencode
 
@@ -34,10 +36,31 @@ def block(value: Any) -> str:
     return esc(csv_safe("" if value is None else str(value)))
 
 
+# The page being answered reloads itself every N seconds (``refresh=N``): its links and forms keep that, so a
+# live view stays live from page to page. Set by the server around one request (a context variable: each of its
+# threads answers its own request).
+REFRESH: ContextVar[int | None] = ContextVar("refresh", default=None)
+_GET_FORM = re.compile(r'(<form [^>]*method="get"[^>]*>)')
+
+
 def href(path: str, params: Iterable[tuple[str, Any]] = ()) -> str:
-    """An escaped link to one of our pages with these parameters (None values left out)."""
-    query = urlencode([(k, str(v)) for k, v in params if v is not None and v != ""])
+    """An escaped link to one of our pages with these parameters (None values left out), and the refresh
+    interval of the page it is on (:data:`REFRESH`) unless the parameters say one."""
+    pairs = [(k, str(v)) for k, v in params if v is not None and v != ""]
+    refresh = REFRESH.get()
+    if refresh and not any(k == "refresh" for k, _ in pairs):
+        pairs.append(("refresh", str(refresh)))
+    query = urlencode(pairs)
     return esc(path + ("?" + query if query else ""))
+
+
+def keep_refresh(body: str) -> str:
+    """``body`` with the refresh interval of its page (:data:`REFRESH`) as a hidden field of each GET form, first,
+    so a field of the form's own that names one (the runs page's choice) comes later and wins."""
+    refresh = REFRESH.get()
+    if not refresh:
+        return body
+    return _GET_FORM.sub(lambda m: m.group(1) + f'<input type="hidden" name="refresh" value="{int(refresh)}">', body)
 
 
 def num(value: Any, digits: int = 4) -> str:

@@ -19,7 +19,8 @@ from rlpulse.sinks.views.html_escape import esc
 from rlpulse.sinks.views.step_figures import gpu_time, out_of_range_note, summarize, summary_figures
 from rlpulse.sinks.views import term_figures
 from rlpulse.sinks.views.ui_html import (fmt_count, fmt_duration, fmt_number, fmt_rate, fmt_ratio, href, num, table, text,
-                                        when)
+                                         when)
+from rlpulse.sinks.views.ui_params import run_param
 from rlpulse.base.errors import Error
 
 STEPS_PER_PAGE = 50
@@ -89,7 +90,7 @@ def run_page(store: Store, view: RunView, now_ns: int) -> str:
 def _run_links(d: data.RunData) -> str:
     """Where to go from a run: its trajectories searched (/search), the run beside others (/compare)."""
     search = href("/search", [("project", d.project), ("run", d.run), ("attempt", d.attempt)])
-    compare = href("/compare", [("run", f"{d.project}/{d.run}/{d.attempt}")])
+    compare = href("/compare", [("run", run_param((d.project, d.run, d.attempt)))])  # a '/' in an id stays in it
     return (f'<p class="run-links"><a class="search-run" href="{search}">Search this run\'s trajectories</a>'
             f'<a class="compare-run" href="{compare}">Compare this run with others</a></p>')
 

@@ -6,6 +6,7 @@ A value that does not parse is answered 400 (:class:`BadParameter`) with what wa
 from __future__ import annotations
 
 import math
+from urllib.parse import quote, unquote
 
 from rlpulse.base.errors import Error
 
@@ -61,6 +62,26 @@ def choice(query: Query, name: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise BadParameter(f"{name}: one of {', '.join(a or '(none)' for a in allowed)}, got {value!r}")
     return value
+
+
+def run_param(key: tuple[str, str, int | None]) -> str:
+    """A run as the URL's ``run=`` value: each part percent-encoded, so a '/' inside an id stays inside it."""
+    project, run, attempt = key
+    return f"{quote(project, safe='')}/{quote(run, safe='')}" + ("" if attempt is None else f"/{attempt}")
+
+
+def parse_run(value: str) -> tuple[str, str, int | None]:
+    """``PROJECT/RUN[/ATTEMPT]`` (parts percent-encoded) as (project, run, attempt or None: the latest)."""
+    parts = value.split("/")
+    expected = f"run: expected PROJECT/RUN or PROJECT/RUN/ATTEMPT, each part percent-encoded, got {value!r}"
+    if len(parts) not in (2, 3) or not all(parts[:2]):
+        raise BadParameter(expected)
+    attempt = None
+    if len(parts) == 3:
+        if not (parts[2].isascii() and parts[2].isdigit()) or not 1 <= int(parts[2]) <= 2**32 - 1:
+            raise BadParameter(f"run: the attempt is a whole number from 1, got {parts[2]!r} in {value!r}")
+        attempt = int(parts[2])
+    return unquote(parts[0]), unquote(parts[1]), attempt
 
 
 Page = tuple[str, list[tuple[str, str | None]], str]  # title, crumbs (label, escaped link), body

@@ -13,7 +13,7 @@ from rlpulse.sinks.views.html_escape import esc
 from rlpulse.sinks.views.ui_html import ago, href, num, table, text
 from rlpulse.sinks.views.watch import snapshot
 from rlpulse.sinks.views.compare_data import MAX_RUNS
-from rlpulse.sinks.views.ui_compare import run_param
+from rlpulse.sinks.views.ui_params import run_param
 
 
 # -- runs ----------------------------------------------------------------------------------------

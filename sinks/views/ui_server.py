@@ -36,7 +36,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from rlpulse.base.bounded_http import BoundedHTTPServer, ServedServer
 from rlpulse.sinks.store.clickhouse import Store
-from rlpulse.sinks.views.ui_html import CSS, error_page, page
+from rlpulse.sinks.views.ui_html import CSS, REFRESH, error_page, keep_refresh, page
 from rlpulse.sinks.views.ui_routes import REFRESH_MIN, BadParameter, integer, route
 from rlpulse.sinks.views.ui_pages import NotFound
 
@@ -120,8 +120,14 @@ class _Handler(BaseHTTPRequestHandler):
         now = time.time_ns()
         try:
             refresh = integer(query, "refresh", low=REFRESH_MIN)
-            with self.ui.store() as store:
-                title, crumbs, body = route(store, url.path, query, now)
+            refresh = min(refresh, 3600) if refresh else None
+            kept = REFRESH.set(refresh)  # the page's links and forms keep it
+            try:
+                with self.ui.store() as store:
+                    title, crumbs, body = route(store, url.path, query, now)
+                body = keep_refresh(body)
+            finally:
+                REFRESH.reset(kept)
         except BadParameter as exc:
             self._html(400, error_page(400, str(exc), now), head)
             return
@@ -132,7 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
             log.info("ui: cannot read the store: %s", exc)
             self._html(503, error_page(503, f"cannot read the store: {exc}", now), head)
             return
-        self._html(200, page(title, crumbs, body, self.ui.source, now, min(refresh, 3600) if refresh else None), head)
+        self._html(200, page(title, crumbs, body, self.ui.source, now, refresh), head)
 
     def _authenticated(self, given: str) -> bool:
         """The token from the URL, the cookie or the Authorization header, compared in constant time."""

@@ -251,3 +251,20 @@ def test_the_run_starts_settings_count_against_the_buffer() -> None:
         del tel.sender.start
         tel.sender.start()
         tel.abandon()
+
+
+def test_a_secret_in_a_flat_dotted_name_or_a_dashed_one_is_redacted() -> None:
+    """As an OTel resource's attributes arrive (flat, dotted) and as a user writes a flat dict."""
+    flat = flatten_config({"wandb.key": "s1", "hf.token": "s2", "a": {"b.token": "s3"}, "openai_key": "s4",
+                           "api-key": "s5", "data": {"prompt_key": "prompt", "best_eval_metric_key": "acc"},
+                           "pad_token": "<pad>", "lr": 1e-5})
+    assert flat == {"a.b.token": "***", "api-key": "***", "data.best_eval_metric_key": "acc", "data.prompt_key": "prompt",
+                    "hf.token": "***", "lr": "1e-05", "openai_key": "***", "pad_token": "<pad>", "wandb.key": "***"}
+    assert not any(v.startswith("s") and v[1:].isdigit() for v in flat.values())
+
+
+def test_an_omegaconf_that_cannot_resolve_is_a_value_error() -> None:
+    omegaconf = pytest.importorskip("omegaconf", reason="omegaconf is not installed in this venv")
+    broken = omegaconf.OmegaConf.create({"a": "${missing}"})
+    with pytest.raises(ValueError, match="OmegaConf could not resolve it"):
+        flatten_config(broken)

@@ -86,3 +86,11 @@ def test_a_time_axis_ticks_round_clock_times_and_bars_fill_their_window() -> Non
 def test_hover_text_of_a_hostile_label_is_escaped() -> None:
     svg = charts.lines("h", "<b>", charts.Axis(0, 1), {'<img src=x onerror="1">': [(0, 1.0)]}, unit="<i>")
     assert "<img" not in svg and "<i>" not in svg and "<b>" not in svg
+
+
+def test_a_nan_or_an_infinity_is_left_out_of_a_line_not_a_500() -> None:
+    nan, inf = float("nan"), float("inf")
+    svg = charts.lines("m", "M", charts.Axis(0, 3), {"loss": [(0, 1.0), (1, nan), (2, inf), (3, 2.0)]},
+                       bands={"± std": [(0, 0.5, 1.5), (1, nan, 1.0)]})
+    assert re.findall(r'data-x="(\d+)" data-value="([^"]+)"', svg) == [("0", "1"), ("3", "2")]
+    assert charts.is_empty(charts.lines("n", "N", charts.Axis(0, 1), {"loss": [(0, nan), (1, -inf)]}))

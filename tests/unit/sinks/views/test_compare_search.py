@@ -1,6 +1,6 @@
 """The pure parts of ``rlpulse ui``'s compare and search pages: the EMA, each run's colour and dash, the
 overlay chart's markup, the URL parameters (a bad one is a 400 that says what was expected), what differs
-between configurations, and the search's needles and conditions."""
+between configurations, and the search's conditions."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from rlpulse.sinks.views import compare_data as cd
 from rlpulse.sinks.views import overlay_charts as oc
 from rlpulse.sinks.views import search_data as sd
-from rlpulse.sinks.views.ui_compare import CompareView, parse, parse_run, run_param
+from rlpulse.sinks.views.ui_compare import CompareView, parse
+from rlpulse.sinks.views.ui_params import parse_run, run_param
 from rlpulse.sinks.views.ui_params import BadParameter
 from rlpulse.sinks.views.ui_search import decimal_param
 from rlpulse.sinks.views.ui_search import parse as parse_search
@@ -79,6 +80,7 @@ def test_run_parameters_round_trip_and_bad_ones_say_what_was_expected() -> None:
                                      "got 'alpha'"),
                            ("p/r/x", "run: the attempt is a whole number from 1, got 'x' in 'p/r/x'"),
                            ("p/r/0", "run: the attempt is a whole number from 1, got '0' in 'p/r/0'"),
+                           ("p/r/²", "run: the attempt is a whole number from 1, got '²' in 'p/r/²'"),  # isdigit, not int
                            ("/r", "run: expected PROJECT/RUN or PROJECT/RUN/ATTEMPT, each part percent-encoded, got '/r'"),
                            ("p/r/1/2", "run: expected PROJECT/RUN or PROJECT/RUN/ATTEMPT, each part percent-encoded, "
                                        "got 'p/r/1/2'")):
@@ -131,15 +133,12 @@ def test_only_runs_that_sent_a_configuration_take_part_in_what_differs() -> None
     assert cd.differing({}) == []
 
 
-def test_search_needles_and_conditions() -> None:
-    assert sd.needles("plain") == ["plain"]
-    assert sd.needles('say "hi"\n') == ['say "hi"\n', 'say \\"hi\\"\\n']
-    assert sd.needles("café") == ["café", "caf\\u00e9"]
+def test_search_conditions() -> None:
     narrow, reward, params = sd.where(sd.Search("p", "r", 1, min_reward=0.5, status="OK", failed="judge", clipped=True,
                                                 lo=2, q="x"))
     assert "step >= {lo_s:Int64}" in narrow and "status = {status:String}" in narrow and "ifNull(clipped, false)" in narrow
-    assert "term = {term:String}" in narrow and "multiSearchAnyCaseInsensitiveUTF8" in narrow
+    assert "term = {term:String}" in narrow and f"positionCaseInsensitiveUTF8({sd.DIALOGUE}, {{q:String}}) > 0" in narrow
     assert reward == "rw >= {lo_r:Float64}"
-    assert params == {"p": "p", "r": "r", "a": 1, "lo_s": 2, "status": "OK", "lo_r": 0.5, "term": "judge", "q": ["x"]}
+    assert params == {"p": "p", "r": "r", "a": 1, "lo_s": 2, "status": "OK", "lo_r": 0.5, "term": "judge", "q": "x"}
     narrow, reward, params = sd.where(sd.Search("p", "r", 1, failed=sd.ANY_TERM, clipped=False))
     assert "term =" not in narrow and "NOT ifNull(clipped, false)" in narrow and reward == "true" and "term" not in params

@@ -63,3 +63,19 @@ def test_a_duration_picks_its_unit() -> None:
 def test_ints_and_floats_read_alike() -> None:
     for fmt in FORMATS:
         assert fmt(3) == fmt(3.0), fmt.__name__
+
+
+def test_a_live_page_keeps_its_refresh_in_links_and_forms() -> None:
+    from rlpulse.sinks.views.ui_html import REFRESH, href, keep_refresh
+
+    body = '<form class="f" method="get" action="/search"><input name="q"></form><form method="post" action="/x"></form>'
+    assert href("/run", [("run", "a b")]) == "/run?run=a+b" and keep_refresh(body) == body  # not live: as it was
+    token = REFRESH.set(30)
+    try:
+        assert href("/run", [("run", "a b")]) == "/run?run=a+b&amp;refresh=30"
+        assert href("/", [("refresh", "10")]) == "/?refresh=10"  # a link that says its own interval keeps it
+        assert keep_refresh(body) == ('<form class="f" method="get" action="/search"><input type="hidden" name="refresh" '
+                                      'value="30"><input name="q"></form><form method="post" action="/x"></form>')
+    finally:
+        REFRESH.reset(token)
+    assert href("/run") == "/run"
