@@ -12,6 +12,7 @@ scalars from step_metrics as step-metrics reads them, configuration as run-confi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,11 +74,20 @@ def resolve(store: Store, wanted: list[tuple[str, str, int | None]]
     return keys, missing, named
 
 
+def _finite(v: Any) -> bool:
+    """A figure that has a place on an axis: a NaN or an infinity (a trainer scalar that blew up, a histogram
+    of zero counts) is left out of its line, as a step without the figure is; checked here, once per value,
+    not per point drawn."""
+    return all(map(math.isfinite, v)) if isinstance(v, tuple) else math.isfinite(v)
+
+
 def _by_run(found: list[tuple], value: Any = None) -> dict[Key, dict[int, Any]]:
-    """Rows (project, run_id, attempt, step, *values) as {key: {step: value(values)}}."""
+    """Rows (project, run_id, attempt, step, *values) as {key: {step: value(values)}}, finite values only."""
     out: dict[Key, dict[int, Any]] = {}
     for r in found:
-        out.setdefault((str(r[0]), str(r[1]), int(r[2])), {})[int(r[3])] = value(r[4:]) if value else float(r[4])
+        v = value(r[4:]) if value else float(r[4])
+        if _finite(v):
+            out.setdefault((str(r[0]), str(r[1]), int(r[2])), {})[int(r[3])] = v
     return out
 
 
@@ -140,10 +150,12 @@ def compare_data(store: Store, runs: list[Key], lo: int | None, hi: int | None, 
         WHERE {RUNS} AND {STEPS} AND name IN {{names:Array(String)}}""", names=chosen, **p) if chosen else []
     metrics: dict[str, dict[Key, PerStep]] = {n: {} for n in chosen}
     for project, run, attempt, step, name, value in metric_rows:
-        metrics[str(name)].setdefault((str(project), str(run), int(attempt)), {})[int(step)] = float(value)
+        if math.isfinite(value):
+            metrics[str(name)].setdefault((str(project), str(run), int(attempt)), {})[int(step)] = float(value)
     failure_rate: dict[str, dict[Key, PerStep]] = {}
     for project, run, attempt, step, term, rate in terms:
-        failure_rate.setdefault(str(term), {}).setdefault((str(project), str(run), int(attempt)), {})[int(step)] = float(rate)
+        if math.isfinite(rate):
+            failure_rate.setdefault(str(term), {}).setdefault((str(project), str(run), int(attempt)), {})[int(step)] = float(rate)
     return CompareData(
         runs=runs,
         minutes=_by_run([r[:5] for r in steps]),

@@ -14,8 +14,6 @@ for a band, ``data-lo`` / ``data-hi``: exact figures for a test or a scraper, no
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -83,10 +81,6 @@ class Point:
     hi: float | None = None
 
 
-def _finite(p: Point) -> bool:
-    return all(v is None or math.isfinite(v) for v in (p.x, p.value, p.lo, p.hi))
-
-
 @dataclass
 class Series:
     index: int  # the run's place in the URL: its colour and dash
@@ -99,11 +93,19 @@ def _where(p: Point, timed: bool) -> str:
     return f"step {p.step}" + (f", {fmt_duration(p.x * 60)} after its first step" if timed else "")
 
 
-def _tip(s: Series, p: Point, shown: float, fmt: Callable[[float], str], timed: bool, band: tuple[str, str],
-         smoothed: bool) -> str:
+_PLAIN = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"})
+
+
+def _plain(value: str) -> str:
+    """Our own text (formatted numbers, fixed words) HTML-escaped; store text goes through ``esc``."""
+    return value.translate(_PLAIN)
+
+
+def _tip(p: Point, shown: float, fmt: Callable[[float], str], timed: bool, band: tuple[str, str], smoothed: bool) -> str:
+    """What follows a run's label in its hover text: where, the value (smoothed too), the band; no store text."""
     extra = f" (smoothed: {fmt(shown)})" if smoothed else ""
     spread = f"; {band[0]} {fmt(p.lo)}, {band[1]} {fmt(p.hi)}" if p.lo is not None and p.hi is not None else ""
-    return f"{s.label} at {_where(p, timed)}: {fmt(p.value)}{extra}{spread}"
+    return _plain(f" at {_where(p, timed)}: {fmt(p.value)}{extra}{spread}")
 
 
 @dataclass
@@ -124,9 +126,6 @@ def overlay(name: str, title: str, axis: Axis, series: Sequence[Series], fmt: Ca
     """One <svg data-chart=name>: a line per run (``<polyline class="series" data-run>``, in its colour and dash),
     a shaded band per run whose points carry lo/hi, hover titles; "" when no run has a point (the page hides
     empty charts). ``smooth``: the EMA weight applied to what is drawn; ``fmt``: how values read (by kind)."""
-    # a NaN or an infinity (a trainer scalar that blew up, a histogram of zero counts) is not a place on an axis:
-    # such points are left out of the line, as a missing step is
-    series = [dataclasses.replace(s, points=[p for p in s.points if _finite(p)]) for s in series]
     drawn = [s for s in series if s.points]
     if not drawn:
         return ""
@@ -172,7 +171,8 @@ def overlay(name: str, title: str, axis: Axis, series: Sequence[Series], fmt: Ca
             spread = f' data-lo="{p.lo!r}" data-hi="{p.hi!r}"' if p.lo is not None and p.hi is not None else ""
             body.append(f'<circle class="point" data-run="{esc(s.run)}" data-step="{p.step}" data-x="{p.x!r}" '
                         f'data-value="{v!r}" data-raw="{p.value!r}"{spread} cx="{px:.1f}" cy="{y0 - ky * v:.1f}" '
-                        f'r="2.4" fill="{colour}"><title>{esc(_tip(s, p, v, fmt, timed, band, smooth > 0))}</title></circle>')
+                        f'r="2.4" fill="{colour}"><title>{esc(s.label)}{_tip(p, v, fmt, timed, band, smooth > 0)}'
+                        '</title></circle>')
     body.append(_legend(drawn))
     body.append(f'<text class="x-label" x="{W - RIGHT}" y="{H - 2}" text-anchor="end" fill="#57606a">'
                 f'{"minutes since the run’s first step" if timed else "step"}</text>')
@@ -198,11 +198,15 @@ def _columns(lines: list[_Line], fmt: Callable[[float], str], timed: bool, band:
     centres = [LEFT + (b + 0.5) / scale for b in order]
     edges = [LEFT] + [(a + c) / 2 for a, c in zip(centres, centres[1:])] + [W - RIGHT]
     out = []
+    # Each run's label (a store value) is escaped once, not once per strip: the rest of a tip is the formatters'
+    # digits, signs and units and the fixed words around them, which need no escaping (8 runs x 128 strips x 14
+    # charts escaped whole took a quarter of the page's time).
+    labels = {ln.series.index: esc(ln.series.label) for ln in lines}
     for i, b in enumerate(order):
         found = [bins[b][k] for k in sorted(bins[b])]
         steps = sorted({p.step for _, p, _ in found})
         head = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
-        said = "\n".join(esc(_tip(s, p, v, fmt, timed, band, smoothed)) for s, p, v in found)  # text() shows \n
+        said = "\n".join(labels[s.index] + _tip(p, v, fmt, timed, band, smoothed) for s, p, v in found)
         out.append(f'<rect class="hover" x="{edges[i]:.1f}" y="{TOP}" width="{max(edges[i + 1] - edges[i], 1.0):.1f}" '
                    f'height="{H - TOP - BOTTOM}" fill="#000" fill-opacity="0"><title>{esc(head)}\n{said}</title></rect>')
     return "".join(out)

