@@ -49,6 +49,7 @@ def test_a_kafka_flag_is_a_usage_error_that_says_why(argv: list[str], capsys: py
                                     "takes no Kafka flags (--bootstrap, --topic-prefix)")
 
 
+@pytest.mark.full  # two interpreters started: a second or two
 def test_as_a_user_runs_them() -> None:
     run = subprocess.run([sys.executable, "-m", "rlpulse.cli", "ui", "--help"], capture_output=True, text=True,
                          cwd=REPO, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"}, timeout=60)

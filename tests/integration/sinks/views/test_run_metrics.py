@@ -16,7 +16,7 @@ from rlpulse.sinks.views.run_metrics_data import entry_metrics
 from rlpulse.sinks.views.ui_data import saved
 from rlpulse.sinks.views.ui_server import UiServer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]
 
 NS = 1_000_000_000
 T0 = time.time_ns() - 3600 * NS  # recent: the raw tables' TTL drops older rows
