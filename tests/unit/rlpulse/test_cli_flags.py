@@ -12,6 +12,8 @@ import pytest
 
 from rlpulse.cli import build_parser, main
 
+pytestmark = pytest.mark.full  # new this round: make test stays under 6 minutes
+
 REPO = Path(__file__).resolve().parents[3]
 CLICKHOUSE_ONLY = ("ui", "query", "report", "watch")
 

@@ -4,6 +4,9 @@ partition (the broker's side is tests/integration/rlpulse/test_status_lag.py).""
 from __future__ import annotations
 
 from rlpulse.status import group_lines
+import pytest
+
+pytestmark = pytest.mark.full  # new this round: make test stays under 6 minutes
 
 ROWS = [("p.spans", 0, 10, 13), ("p.spans", 1, 7, 7), ("p.steps", 0, 4, 4), ("p.steps", 1, 100, 102),
         ("p.hardware", 0, 0, 0), ("p.hardware", 1, 5, 5)]

@@ -13,6 +13,8 @@ from rlpulse.producers.otlp.identity import OtlpRejected, training_settings
 from rlpulse.producers.otlp.metrics import MetricTranslator
 from tests.unit.producers.otlp.test_metrics import RUN, S, SEC, T0, counter, of, request
 
+pytestmark = pytest.mark.full  # new this round: make test stays under 6 minutes
+
 SETTINGS = {S + "model": "Qwen/Qwen2.5-0.5B", S + "rl.algorithm": "grpo", S + "rl.num_generations": 8,
             "rlpulse.config.learning_rate": 1e-6, "rlpulse.config.use_vllm": True,
             "rlpulse.config.judge_api_key": "sk-live"}

@@ -20,6 +20,8 @@ from rlpulse.producers.sdk.queue import DICT_QUEUED_BYTES, ENTRY_BYTES, STEP_QUE
 from rlpulse.producers.sdk.run_config import flatten_config
 from rlpulse.base.settings import Settings
 
+pytestmark = pytest.mark.full  # new this round: make test stays under 6 minutes
+
 SETTINGS = Settings.load({"RLPULSE_TOPIC_PREFIX": "q", "RLPULSE_HEARTBEAT_INTERVAL": "1h"})
 
 

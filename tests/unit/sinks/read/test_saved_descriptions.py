@@ -8,6 +8,9 @@ import sys
 
 from rlpulse.commands import saved_listing
 from rlpulse.sinks.read.queries import SAVED, list_saved, load_saved, placeholders, split_header
+import pytest
+
+pytestmark = pytest.mark.full  # new this round: make test stays under 6 minutes
 
 
 def test_the_description_is_the_paragraph_up_to_params() -> None:

@@ -7,6 +7,9 @@ import re
 
 from rlpulse.sinks.views import ui_charts as charts
 from rlpulse.sinks.views.ui_html import fmt_count, fmt_number, fmt_ratio
+import pytest
+
+pytestmark = pytest.mark.full  # new this round: make test stays under 6 minutes
 
 
 def _ticks(svg: str) -> dict[str, float]:

@@ -9,6 +9,8 @@ import pytest
 
 from rlpulse.sinks.views.ui_html import fmt_count, fmt_duration, fmt_number, fmt_rate, fmt_ratio
 
+pytestmark = pytest.mark.full  # new this round: make test stays under 6 minutes
+
 FORMATS = (fmt_number, fmt_count, fmt_ratio, fmt_rate, fmt_duration)
 
 
