@@ -73,7 +73,10 @@ def run_page(store: Store, view: RunView, now_ns: int) -> str:
         kinds = {"tokens": fmt_count, "median-tokens-per-s": fmt_rate, "mean-mfu": fmt_ratio}
         figures += [(label, value, kinds.get(key, fmt_number)) for key, label, value in summary_figures(summary)
                     if key != "mfu-out-of-range"]
-    for g in gpu_time(store, view.project, view.run):  # seed 001's GPU time, from placements and samples
+    # seed 001's GPU time, from placements and samples: none without a placement that names a GPU
+    placed = data.any_row(store, "placements", "project = {p:String} AND run_id = {r:String} AND hw_id IS NOT NULL "
+                          "AND hw_id != ''", p=view.project, r=view.run)
+    for g in gpu_time(store, view.project, view.run) if placed else []:
         if g.attempt == attempt:
             figures += [("GPUs", g.gpus, fmt_count), ("GPU hours", g.gpu_hours, fmt_number),
                         ("energy kWh", g.energy_kwh, fmt_number)]
