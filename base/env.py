@@ -55,6 +55,12 @@ KAFKA_SSL_CAFILE = _var("RLPULSE_KAFKA_SSL_CAFILE", SETTINGS, "PEM CA bundle the
 KAFKA_SSL_CERTFILE = _var("RLPULSE_KAFKA_SSL_CERTFILE", SETTINGS, "a client certificate (PEM) for mTLS")
 KAFKA_SSL_KEYFILE = _var("RLPULSE_KAFKA_SSL_KEYFILE", SETTINGS, "the client certificate's key (PEM)")
 KAFKA_SSL_KEY_PASSWORD = _var("RLPULSE_KAFKA_SSL_KEY_PASSWORD", SETTINGS, "the client key's password, if encrypted")
+KAFKA_BATCH_MAX_BYTES = _var("RLPULSE_KAFKA_BATCH_MAX_BYTES", SETTINGS,
+                             "bytes a consumed compressed record batch may inflate to; over it, a dead letter (docs/security.md)")
+KAFKA_BATCH_MAX_RATIO = _var("RLPULSE_KAFKA_BATCH_MAX_RATIO", SETTINGS,
+                             "above 1 MiB, a consumed compressed record batch may inflate to at most this many times its size")
+KAFKA_CODECS = _var("RLPULSE_KAFKA_CODECS", SETTINGS,
+                    "the record batch codecs consumers accept, comma-separated (none: uncompressed batches only)")
 TTL_RAW_DAYS = _var("RLPULSE_TTL_RAW_DAYS", SETTINGS, "days ClickHouse keeps the raw events: spans, steps, hardware")
 TTL_AGGREGATE_DAYS = _var("RLPULSE_TTL_AGGREGATE_DAYS", SETTINGS,
                           "days ClickHouse keeps windows, step figures, histograms, alerts")

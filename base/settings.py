@@ -48,6 +48,19 @@ def _flag(text: str) -> bool:
     raise ValueError(f"expected 1 or 0 (true/false, yes/no, on/off), not {text!r}")
 
 
+# Kafka's record batch codecs (rlpulse.schemas.compression.CODECS: base imports nothing above it).
+BATCH_CODECS = ("gzip", "snappy", "lz4", "zstd")
+
+
+def _codecs(text: str) -> str:
+    """``gzip,snappy,lz4,zstd``, any of them, or ``none``: the codecs, lower case, in that order."""
+    named = {c.strip().lower() for c in text.split(",") if c.strip()}
+    unknown = sorted(named - set(BATCH_CODECS) - {"none"})
+    if unknown or ("none" in named and len(named) > 1):
+        raise ValueError(f"expected codecs among {', '.join(BATCH_CODECS)} (comma-separated), or none; not {text!r}")
+    return ",".join(c for c in BATCH_CODECS if c in named) or "none"
+
+
 _PROJECT_NAME = re.compile(r"""^name\s*=\s*["']rlpulse["']\s*$""", re.MULTILINE)
 
 
@@ -111,7 +124,9 @@ class AlertThresholds:
 @dataclasses.dataclass(frozen=True)
 class Settings:
     kafka_bootstrap: str = "127.0.0.1:9092"
-    clickhouse_url: str = ""  # empty: a chDB store under ``home``
+    # empty: a chDB store under ``home``. Out of repr() (it may hold user:password@, as the Kafka
+    # passwords below): print it through rlpulse.base.urls.mask_url.
+    clickhouse_url: str = dataclasses.field(default="", repr=False)
     topic_prefix: str = "rlpulse"
     home: Path = dataclasses.field(default_factory=default_home)
     partitions: int = 2
@@ -142,6 +157,14 @@ class Settings:
     kafka_ssl_certfile: str = ""
     kafka_ssl_keyfile: str = ""
     kafka_ssl_key_password: str = dataclasses.field(default="", repr=False)
+    # What a consumed compressed record batch may inflate to (rlpulse.schemas.compression, installed by the
+    # commands that consume): 64 MiB, and above 1 MiB at most 2000x its compressed size. Our writers'
+    # batches hold at most 1 MiB (their max_batch_size); 64 MiB is four times the container decoder's
+    # 16 MiB a message, so whatever it can judge message by message still reaches it. 2000x is above
+    # deflate's own ceiling (~1,032x), so only zstd (whose RLE blocks reach 30,000x) meets it first.
+    kafka_batch_max_bytes: int = 64 << 20
+    kafka_batch_max_ratio: float = 2000.0
+    kafka_codecs: str = ",".join(BATCH_CODECS)
     alerts: AlertThresholds = dataclasses.field(default_factory=AlertThresholds)
     ttl_raw_days: int = 90  # spans, steps, GPU samples, placements, engine samples, capacity
     ttl_aggregate_days: int = 365  # windows, step figures, histograms, alerts
@@ -183,6 +206,9 @@ class Settings:
         envvars.KAFKA_SSL_CERTFILE: ("kafka_ssl_certfile", str),
         envvars.KAFKA_SSL_KEYFILE: ("kafka_ssl_keyfile", str),
         envvars.KAFKA_SSL_KEY_PASSWORD: ("kafka_ssl_key_password", str),
+        envvars.KAFKA_BATCH_MAX_BYTES: ("kafka_batch_max_bytes", int),
+        envvars.KAFKA_BATCH_MAX_RATIO: ("kafka_batch_max_ratio", float),
+        envvars.KAFKA_CODECS: ("kafka_codecs", _codecs),
         envvars.TTL_RAW_DAYS: ("ttl_raw_days", int),
         envvars.TTL_AGGREGATE_DAYS: ("ttl_aggregate_days", int),
         envvars.SPAN_CAP: ("span_cap", int),
@@ -244,6 +270,7 @@ class Settings:
     def __post_init__(self) -> None:
         _check_kafka_security(self)
         _check_stall(self)
+        _check_batches(self)
 
     def env(self) -> dict[str, str]:
         """The variables that give a child process these settings: every one of ``_ENV`` but the
@@ -267,6 +294,11 @@ class Settings:
     def app_id(self) -> str:
         """Faust application id (and consumer-group stem); derives from the topic prefix."""
         return f"{self.topic_prefix}-streams"
+
+    @property
+    def kafka_batch_codecs(self) -> tuple[str, ...]:
+        """The record batch codecs consumers accept (``kafka_codecs``; none: an empty tuple)."""
+        return tuple(c for c in _codecs(self.kafka_codecs).split(",") if c in BATCH_CODECS)
 
     @property
     def sink_group(self) -> str:
@@ -378,6 +410,17 @@ def _check_stall(s: Settings) -> None:
                          f"the floor of a run's stall window must not exceed its ceiling")
     if not 1.0 <= s.stall_factor < float("inf"):
         raise ValueError(f"{envvars.STALL_FACTOR} must be a number of at least 1, got {s.stall_factor}")
+
+
+def _check_batches(s: Settings) -> None:
+    """The decompression bound makes sense: at least 1 MiB (below it the ratio never applies) and at
+    most 2 GiB, a ratio of at least 1, codecs Kafka has."""
+    if not 1 << 20 <= s.kafka_batch_max_bytes <= 1 << 31:
+        raise ValueError(f"{envvars.KAFKA_BATCH_MAX_BYTES} must be from {1 << 20} (1 MiB) to {1 << 31} bytes, "
+                         f"got {s.kafka_batch_max_bytes}")
+    if not 1.0 <= s.kafka_batch_max_ratio < float("inf"):
+        raise ValueError(f"{envvars.KAFKA_BATCH_MAX_RATIO} must be a number of at least 1, got {s.kafka_batch_max_ratio}")
+    _codecs(s.kafka_codecs)
 
 
 _DURATION_FIELDS = {"window", "allowed_lateness", "stall_after", "stall_min", "stall_max", "silent_after",

@@ -33,10 +33,12 @@ def add(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None
 
 
 def cmd_otlp_ingest(args: argparse.Namespace) -> int:
-    from rlpulse.commands import settings_of
+    from rlpulse.commands import bound_batches, settings_of
     from rlpulse.producers.otlp.ingest import run_ingest
 
-    return run_ingest(settings_of(args))
+    settings = settings_of(args)
+    bound_batches(settings)  # the Collector's kafka exporter may compress with any codec
+    return run_ingest(settings)
 
 
 def cmd_otlp(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from typing import Any
 import fastavro
 
 from rlpulse.schemas.codec import DecodeError, Header, blocks, endless, read_header
+from rlpulse.schemas.compression import refusal
 
 # Container codecs every reader decodes with a bounded decompressor (and ClickHouse's Avro input reads).
 CODECS = ("null", "deflate", "snappy")
@@ -135,6 +136,9 @@ def check_container(data: bytes | None, limits: Limits) -> Checked:
     """
     if data is None:  # a tombstone
         raise DecodeError("message too short for an Avro container (0 bytes)")
+    why = refusal(data)  # the stand-in for a compressed batch refused before it was inflated (rlpulse.schemas.compression)
+    if why:
+        raise DecodeError(why)
     header = read_header(data)  # refuses short values with their size
     if header.codec not in CODECS:
         raise DecodeError(f"Avro container codec {header.codec!r} is not one of {', '.join(CODECS)}")

@@ -34,6 +34,7 @@ from rlpulse.producers.otlp.warmup import Warmup
 from rlpulse.producers.sdk.containers import MAX_MESSAGE_BYTES
 from rlpulse.schemas.catalogue import DLQ_TOPIC, OTLP_METRICS_TOPIC, OTLP_SPANS_TOPIC, OTLP_WRITER_PREFIX
 from rlpulse.schemas.codec import Codec
+from rlpulse.schemas.compression import refusal
 from rlpulse.schemas.dead_letters import build_letter
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,9 @@ class OtlpIngest:
 
     async def _one(self, producer: AIOKafkaProducer, signal: str, msg: Any) -> list[asyncio.Future]:
         where = f"{msg.topic}[{msg.partition}]@{msg.offset}"
+        refused = refusal(msg.value)  # a compressed batch the bound refused: its one stand-in message
+        if refused is not None:
+            return [await self._dead(producer, msg, refused, where)]
         try:
             outs = self.translator.translate(signal, msg.value, time.time_ns())
             number(outs, msg.partition, msg.offset)

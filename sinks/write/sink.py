@@ -35,6 +35,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from rlpulse.base.settings import Settings
 from rlpulse.schemas.catalogue import DLQ_TOPIC, sink_topics
 from rlpulse.schemas.codec import DecodeError
+from rlpulse.schemas.compression import install as bound_batches
 from rlpulse.schemas.topics import topics_partitions
 from rlpulse.sinks.store.avro_sql import Plans
 from rlpulse.sinks.write.checkpoint import Checkpoint, Policy
@@ -232,6 +233,9 @@ class ClickHouseSink:
 
     # -- the loop -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
+        # A compressed batch over the bound reaches _take as one stand-in message, dead-lettered (docs/security.md).
+        bound_batches(self.settings.kafka_batch_max_bytes, self.settings.kafka_batch_max_ratio,
+                      self.settings.kafka_batch_codecs)
         kafka = self.settings.kafka_client_kwargs()
         self._producer = AIOKafkaProducer(acks="all", **kafka)
         consumer = AIOKafkaConsumer(
