@@ -43,7 +43,8 @@ def cmd(args: argparse.Namespace) -> int:
     from rlpulse.sinks.prometheus.collector import Scraper
     from rlpulse.sinks.prometheus.figures import Scope
     from rlpulse.sinks.prometheus.server import PrometheusServer, check_token
-    from rlpulse.sinks.store.clickhouse import mask_url, open_reader
+    from rlpulse.base.urls import mask_url
+    from rlpulse.sinks.store.clickhouse import open_reader
 
     token = check_token(args.host, os.environ.get(envvars.PROMETHEUS_TOKEN), envvars.PROMETHEUS_TOKEN)
     grace = args.grace if args.grace is not None else os.environ.get(envvars.PROMETHEUS_GRACE) or DEFAULT_GRACE

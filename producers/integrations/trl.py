@@ -51,6 +51,13 @@ inside the step that trains on it, and the calls of a step the job never complet
 was stopped) are not published, as TRL never logs that step's ``rewards/*``. Pass
 ``grader_calls="call"`` to ``instrument`` to publish each call as it is made.
 
+**Telemetry off.** ``instrument(trainer, ..., enabled=False)`` keeps the reward functions' side of
+this and nothing else: each function gives TRL what it gives it instrumented (None for a raised
+exception or a ``GraderFailure``, raised or returned; every other value unchanged), and no telemetry
+is made, nothing connects to Kafka, no callback is added and ``train`` is left as it is. A judge
+written this way and run by TRL with no ``instrument`` at all breaks TRL: TRL 1.16 turns a returned
+``GraderFailure`` into ``TypeError: must be real number`` and stops on a raised one.
+
 **Scalars.** Every number TRL logs (``on_log``: loss, grad_norm, learning_rate, kl, entropy,
 ``clip_ratio/*`` (PPO's ratio clipping, not truncation), rewards/*, completions/*, ...) goes to
 ``step_metrics``: the first log of a step with ``step_completed``, later ones (the train summary)
@@ -75,7 +82,7 @@ import inspect
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Literal, overload
 from collections.abc import Callable, Mapping
 
 from rlpulse.producers.integrations.trl_values import GraderFailure, for_trl, outcome_of, scalars
@@ -117,26 +124,7 @@ class TrlTelemetry:
     def wrap(self, func: Callable[..., Any], index: int) -> Callable[..., Any]:
         """``func`` (``trainer.reward_funcs[index]``), reporting each call; async stays async (TRL runs those concurrently)."""
         self._wrapped += 1
-        if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
-            @functools.wraps(func)
-            async def graded_async(*args: Any, **kwargs: Any) -> Any:
-                start = time.time_ns()
-                try:
-                    result = await func(*args, **kwargs)
-                except Exception as exc:
-                    return self._failed(index, kwargs, start, exc)
-                return self._scored(index, kwargs, start, result)
-            return graded_async
-
-        @functools.wraps(func)
-        def graded(*args: Any, **kwargs: Any) -> Any:
-            start = time.time_ns()
-            try:
-                result = func(*args, **kwargs)
-            except Exception as exc:  # TRL would stop training; the term is NaN for this batch instead
-                return self._failed(index, kwargs, start, exc)
-            return self._scored(index, kwargs, start, result)
-        return graded
+        return _wrapped(func, functools.partial(self._failed, index), functools.partial(self._scored, index))
 
     def _failed(self, index: int, kwargs: Mapping[str, Any], start: int, exc: Exception) -> list[None]:
         end = time.time_ns()
@@ -320,6 +308,50 @@ class TrlTelemetry:
         return self.tel.close(status=status)
 
 
+def _wrapped(func: Callable[..., Any], failed: Callable[[Mapping[str, Any], int, Exception], Any],
+             scored: Callable[[Mapping[str, Any], int, Any], Any]) -> Callable[..., Any]:
+    """``func`` calling ``failed(kwargs, start_ns, exc)`` when it raises (TRL would stop training) and
+    ``scored(kwargs, start_ns, result)`` when it returns; what they return is what TRL gets. Async stays async."""
+    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
+        @functools.wraps(func)
+        async def graded_async(*args: Any, **kwargs: Any) -> Any:
+            start = time.time_ns()
+            try:
+                result = await func(*args, **kwargs)
+            except Exception as exc:
+                return failed(kwargs, start, exc)
+            return scored(kwargs, start, result)
+        return graded_async
+
+    @functools.wraps(func)
+    def graded(*args: Any, **kwargs: Any) -> Any:
+        start = time.time_ns()
+        try:
+            result = func(*args, **kwargs)
+        except Exception as exc:  # TRL would stop training; the term is NaN for this batch instead
+            return failed(kwargs, start, exc)
+        return scored(kwargs, start, result)
+    return graded
+
+
+def _values_only(func: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``func`` giving TRL what an instrumented one gives it, reporting nothing: ``instrument(..., enabled=False)``."""
+
+    def failed(kwargs: Mapping[str, Any], start: int, exc: Exception) -> list[None]:
+        count = len(kwargs.get("prompts") or kwargs.get("completion_ids") or ())
+        if not isinstance(exc, GraderFailure):
+            log.warning("reward function %s raised %s: %s; its %d scores are NaN for TRL (rlpulse telemetry is off)",
+                        name, type(exc).__name__, exc, count, exc_info=exc)
+        return [None] * count
+
+    def scored(kwargs: Mapping[str, Any], start: int, result: Any) -> Any:
+        values = list(result)
+        expected = len(kwargs.get("prompts") or ())
+        return result if expected and len(values) != expected else [for_trl(x) for x in values]  # TRL raises on a wrong length
+
+    return _wrapped(func, failed, scored)
+
+
 def callback(hooks: TrlTelemetry) -> Any:
     """``hooks`` as a ``transformers.TrainerCallback`` (a subclass made here, so that this module
     imports without transformers)."""
@@ -342,9 +374,24 @@ def _is_module(func: Any) -> bool:
     return isinstance(func, nn.Module)
 
 
+@overload
 def instrument(trainer: Any, project: str, run_id: str, attempt: int = 1, stage: str = "",
                telemetry: TrainingTelemetry | None = None, content: bool | None = None,
-               content_limit: int = DEFAULT_CONTENT_LIMIT, token_ids: bool = False, **telemetry_kwargs: Any) -> TrlTelemetry:
+               content_limit: int = DEFAULT_CONTENT_LIMIT, token_ids: bool = False, *,
+               enabled: Literal[True] = True, **telemetry_kwargs: Any) -> TrlTelemetry: ...
+
+
+@overload
+def instrument(trainer: Any, project: str, run_id: str, attempt: int = 1, stage: str = "",
+               telemetry: TrainingTelemetry | None = None, content: bool | None = None,
+               content_limit: int = DEFAULT_CONTENT_LIMIT, token_ids: bool = False, *,
+               enabled: bool, **telemetry_kwargs: Any) -> TrlTelemetry | None: ...
+
+
+def instrument(trainer: Any, project: str, run_id: str, attempt: int = 1, stage: str = "",
+               telemetry: TrainingTelemetry | None = None, content: bool | None = None,
+               content_limit: int = DEFAULT_CONTENT_LIMIT, token_ids: bool = False, *,
+               enabled: bool = True, **telemetry_kwargs: Any) -> TrlTelemetry | None:
     """Report ``trainer``'s (a TRL ``GRPOTrainer``) rollouts, grader calls, steps and scalars.
 
     Call before ``trainer.train()``. ``telemetry_kwargs`` go to ``TrainingTelemetry`` (``settings``,
@@ -353,7 +400,22 @@ def instrument(trainer: Any, project: str, run_id: str, attempt: int = 1, stage:
     (``.tel`` is the telemetry).
     ``content`` (None: ``RLPULSE_TRACE_CONTENT``): also publish each rollout's prompt and completion, each
     content attribute at most ``content_limit`` characters; ``token_ids``: their token ids too.
+
+    ``enabled=False`` turns the telemetry off and keeps the reward functions working: they give TRL
+    exactly what they give it instrumented (a ``GraderFailure``, returned or raised, and any other
+    exception become None, which TRL reads as NaN; other values pass unchanged), and nothing else is
+    touched: no telemetry is made, nothing connects to Kafka, no callback is added, ``train`` is left
+    alone. It returns None then. Without ``instrument`` at all, TRL gets a returned ``GraderFailure``
+    as it is (TRL 1.16 raises ``TypeError: must be real number``) and stops on a raised one.
     """
+    if not enabled:
+        names = getattr(trainer, "reward_func_names", None) or ()
+        funcs = trainer.reward_funcs
+        for i, func in enumerate(list(funcs)):
+            if not _is_module(func) and callable(func):
+                funcs[i] = _values_only(func, names[i] if i < len(names) else f"reward_{i}")
+        log.info("rlpulse telemetry is off (instrument(enabled=False)): the reward functions give TRL None for a failure")
+        return None
     accelerator = getattr(trainer, "accelerator", None)
     if telemetry is None:
         telemetry_kwargs.setdefault("grader_calls", "step")  # the module docstring says why

@@ -19,7 +19,9 @@ log = logging.getLogger("rlpulse.producers.integrations.trl")  # the integration
 class GraderFailure(Error):
     """A reward function's way to say why it could not score: ``timeout``, ``unavailable``,
     ``unreadable``, ``ungradable`` or ``error``. Raised, every completion of the call failed so;
-    returned in the list in place of a score, that completion did. TRL sees None (NaN) either way."""
+    returned in the list in place of a score, that completion did. Through ``instrument()`` (with
+    ``enabled=False`` too) TRL sees None (NaN) for it either way; a judge TRL calls without
+    ``instrument()`` hands TRL the GraderFailure itself, which TRL refuses (``TypeError``)."""
 
     def __init__(self, cause: str, message: str = ""):
         if cause not in FAILURE_CAUSES:

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import rlpulse.producers.tracing.content as tc
 from rlpulse.base.errors import Error
+from rlpulse.base.urls import url_problem
 import rlpulse.producers.tracing.spans as tracing
 
 __all__ = ["DashScopeError", "is_dashscope_class", "trace_generation"]
@@ -135,8 +136,8 @@ def _incremental(signature: inspect.Signature, args: tuple, kwargs: dict) -> boo
 def _server(call: Mapping[str, Any]) -> dict[str, Any]:
     """server.address / server.port of the URL the call goes to: host and port only."""
     url = call.get("base_address") or getattr(_dashscope_module(), "base_http_api_url", None)
-    if not isinstance(url, str):
-        return {}
+    if not isinstance(url, str) or url_problem(url) is not None:
+        return {}  # an '@' after the host: a password with '/' in it may be what urlsplit reads as the host
     try:
         parts = urlsplit(url)
         port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)

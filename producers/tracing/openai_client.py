@@ -55,6 +55,7 @@ import rlpulse.producers.tracing.dashscope_client as dashscope_client
 import rlpulse.producers.tracing.content as tc
 import rlpulse.producers.tracing.streams as st
 import rlpulse.producers.tracing.token_ids as tid
+from rlpulse.base.urls import url_problem
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -141,6 +142,8 @@ def _server(resource: Any) -> dict[str, Any]:
     tc.register_secret(getattr(owner, "api_key", None))
     url = getattr(owner, "base_url", None)
     host, port = getattr(url, "host", None), getattr(url, "port", None)
+    if url is None or url_problem(str(url)) is not None:
+        return {}  # an '@' after the host: a password with '/' in it may be what was read as the host
     out: dict[str, Any] = {}
     if isinstance(host, str) and host:
         out["server.address"] = host[:256]

@@ -13,6 +13,9 @@ Nothing lost, nothing stuck:
   transition published twice by the streams after a crash, carry the same id; the FIRING and the
   RESOLVED of one episode have different ids. The body is the Alert record's fields plus
   ``alert_id``.
+* ``--webhook-timeout`` (5 s) bounds each POST whole: connecting, sending, the status line, the
+  headers and the body, however slowly the receiver drips them; a POST past it is a timeout. A
+  2xx status is the acceptance: of the body, at most 64 KiB is read before the connection is closed.
 * Transient failures (connection refused, timeout, 5xx, 408, 425, 429) are retried with backoff
   (0.5 s doubling to 30 s). Once the webhook has failed every call for ``give_up_after`` (10 min by
   default), each further alert gets one try and is given up on if it fails, so a long outage does
@@ -27,7 +30,10 @@ Nothing lost, nothing stuck:
   arrived still resumes where it began. ``--once`` stops after the alerts that were on the topic
   when its partitions were assigned are delivered (or given up on) and committed.
 * Webhook URLs carry secrets (Slack puts the token in the path): logs and output name only the
-  scheme, host and port. ``user:password@`` in the URL is sent as HTTP Basic authorization.
+  scheme, host and port (``rlpulse.base.urls.mask_url``), and a failure in rlpulse's own words, never
+  an exception's text (urllib's quote the URL). ``user:password@`` in the URL is sent as HTTP Basic
+  authorization; a URL whose password holds an unencoded ``/``, ``?`` or ``#`` cannot be read (where
+  does the password end?) and is refused at the start, saying to percent-encode it.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import clickhouse_connect
 from rlpulse.base import env as envvars
 from rlpulse.base.files import private_dir
 from rlpulse.base.errors import Error
+from rlpulse.base.urls import mask_url, split_url
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -103,26 +104,6 @@ class Store:
         self.close()
 
 
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***``.
-
-    A password may hold ``/``, ``#`` or ``?`` unencoded (``http://u:pa/ss@host``): a URL parser then
-    ends the authority early and sees no password at all. So the user information is everything up
-    to the last ``@`` of the URL when one follows ``scheme://``; masking too much beats printing a secret.
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    parts = urlsplit(url)
-    if parts.password is not None and "@" not in parts.path + parts.query + parts.fragment:
-        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    userinfo, host = rest.rsplit("@", 1)
-    if ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
-
-
 def _lock_store(path: Path, owner: str) -> int:
     private_dir(path)  # the store is every run's data: its owner's only (chDB's own files follow the umask)
     lock_path = path / "rlpulse.lock"
@@ -145,7 +126,7 @@ def _lock_store(path: Path, owner: str) -> int:
 
 def open_store(dsn: str, owner: str = "rlpulse", database: str | None = None) -> Store:
     """Connect to ``dsn``; ``owner`` names this process in the chDB lock so a second one can say who holds it."""
-    parts = urlsplit(dsn)
+    parts = split_url(dsn, envvars.CLICKHOUSE_URL)  # a URL that cannot be read: a ValueError quoting none of it
     if parts.scheme == "chdb":
         path = Path(parts.path)
         fd = _lock_store(path, owner)
@@ -154,6 +135,7 @@ def open_store(dsn: str, owner: str = "rlpulse", database: str | None = None) ->
         except Exception:
             os.close(fd)
             raise
+        # a chDB URL names a local path and holds no credentials; the sink reads that path from store.url
         return Store(client=client, database=database or "rlpulse", url=dsn, _lock_fd=fd)
     if parts.scheme in ("http", "https", "clickhouse"):
         db = database or parts.path.strip("/") or "rlpulse"
@@ -161,7 +143,7 @@ def open_store(dsn: str, owner: str = "rlpulse", database: str | None = None) ->
             with _quiet("clickhouse_connect", "urllib3"):
                 client = clickhouse_connect.get_client(dsn=urlunsplit(parts._replace(path="/default")))
         except Exception as exc:
-            # The driver's message can carry the URL; re-raise with the password masked.
+            # The driver's message can carry the URL; re-raise with the password masked and a reason of our own.
             raise ConnectionError(f"cannot connect to ClickHouse at {mask_url(dsn)}: {_connect_reason(exc)}. Check "
                                   f"{envvars.CLICKHOUSE_URL} (or --clickhouse-url)") from None
         return Store(client=client, database=db, url=mask_url(dsn))
@@ -190,8 +172,8 @@ def open_reader(dsn: str, owner: str = "rlpulse") -> Store:
         client = clickhouse_connect.get_client(host=parts.hostname, port=parts.port, username=found.user,
                                                password=found.password)
     except Exception as exc:
-        raise StoreBusyError(f"the chDB store {urlsplit(dsn).path} is held by a sink whose read endpoint {url} does not "
-                             f"answer ({type(exc).__name__}); is the sink still running?") from None
+        raise StoreBusyError(f"the chDB store {urlsplit(dsn).path} is held by a sink whose read endpoint "
+                             f"{mask_url(url)} does not answer ({type(exc).__name__}); is the sink still running?") from None
     return Store(client=client, database="rlpulse", url=dsn, endpoint=url)
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlpulse.sinks.store.clickhouse import mask_url, migrate, open_store
+from rlpulse.base.urls import mask_url
+from rlpulse.sinks.store.clickhouse import migrate, open_store
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[4]

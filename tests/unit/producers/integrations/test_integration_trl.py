@@ -363,3 +363,40 @@ def test_arguments_that_cannot_be_read_are_logged_and_training_goes_on(caplog: p
     _, steps = run(FakeGRPO([score], [BATCH], args=Broken()))
     assert run_starts(steps) == [(0, {})] and [s["type"] for s in steps][-1] == "RUN_END"
     assert "could not read TRL" in caplog.text
+
+
+@pytest.mark.full  # the fast tier is at its time limit
+def test_telemetry_off_keeps_the_judge_and_gives_trl_what_it_gives_instrumented(monkeypatch, caplog) -> None:
+    """``instrument(..., enabled=False)``: the reward functions give TRL exactly what they give it
+    instrumented, and nothing is made that could publish (no telemetry, no callback, ``train`` left as it is)."""
+    def flaky(prompts: list[str], completion_ids: list[list[int]], trainer_state: Any, **_: Any) -> list[Any]:
+        k = trainer_state.global_step
+        if k == 0:
+            raise RuntimeError("judge down")
+        if k == 1:
+            raise GraderFailure("unavailable")
+        return [math.nan, math.inf, GraderFailure("unreadable"), 0.25]
+
+    async def judge_async(prompts: list[str], **_: Any) -> list[Any]:
+        return [GraderFailure("timeout")] + [0.5] * (len(prompts) - 1)
+
+    on = FakeGRPO([score, flaky, judge], [BATCH, BATCH, BATCH])
+    run(on)
+    made: list[Any] = []
+    monkeypatch.setattr(TrainingTelemetry, "__init__", lambda *a, **k: made.append(a))  # would fail the test below
+    off = FakeGRPO([score, flaky, judge], [BATCH, BATCH, BATCH])
+    train = off.train
+    assert instrument(off, project="p", run_id="r", enabled=False) is None
+    assert off.train == train and len(off.callbacks) == 1 and made == []
+    off.train()
+    same = [[[("nan" if isinstance(x, float) and math.isnan(x) else x) for x in f] for f in gen] for gen in off.returned]
+    assert same == [[[("nan" if isinstance(x, float) and math.isnan(x) else x) for x in f] for f in gen] for gen in on.returned]
+    assert not any(isinstance(x, GraderFailure) for gen in off.returned for f in gen for x in f)
+    assert [math.isnan(r) for r in off.trl_rewards[0]] == [math.isnan(r) for r in on.trl_rewards[0]]
+    assert "reward function flaky raised RuntimeError: judge down; its 4 scores are NaN for TRL (rlpulse telemetry is off)" \
+        in caplog.text
+    # async stays async (TRL gathers those), and gives TRL None for a GraderFailure
+    holder = SimpleNamespace(reward_funcs=[judge_async], reward_func_names=["judge_async"])
+    instrument(holder, project="p", run_id="r", enabled=False)
+    assert inspect.iscoroutinefunction(holder.reward_funcs[0])
+    assert asyncio.run(holder.reward_funcs[0](prompts=["a", "b"])) == [None, 0.5]

@@ -316,3 +316,17 @@ def test_what_tracing_cannot_record_never_reaches_the_traced_call(caplog) -> Non
     assert (tracer.refused, [r["kind"] for r in records]) == (1, ["REWARD", "TOOL"])
     assert records[0]["reward"] is None and len(records[1]["name"]) == 256
     assert "traced span 'odd' not published" in caplog.text
+
+
+@pytest.mark.full
+def test_server_address_is_left_out_when_a_password_could_be_read_as_the_host() -> None:
+    # urlsplit reads http://alice:s3cr/et@host as host "alice", port "s3cr": neither reaches a span.
+    from types import SimpleNamespace
+
+    from rlpulse.producers.tracing import dashscope_client, openai_client
+
+    assert dashscope_client._server({"base_address": "http://alice:s3cr/et@host/api"}) == {}
+    assert dashscope_client._server({"base_address": "https://dashscope.example/api/v1"}) == {
+        "server.address": "dashscope.example", "server.port": 443}
+    leaky = SimpleNamespace(_client=SimpleNamespace(api_key=None, base_url="http://alice:s3cr/et@host/v1"))
+    assert openai_client._server(leaky) == {}
