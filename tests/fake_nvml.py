@@ -4,7 +4,14 @@ Each figure function has its own per-GPU cursor: its n-th call returns the n-th 
 (the last one repeats). A sample's ``fail`` maps a function name to the error that call raises
 instead. XIDs pushed with :meth:`FakeNvml.xid` come out of ``nvmlEventSetWait_v2``.
 
-What a GPU cannot do is scripted as the real library answers it (nvidia-ml-py 13.615's pynvml module):
+The fake mirrors the real module (nvidia-ml-py 13.615's ``pynvml``, a dev dependency): its errors ARE
+pynvml's classes (``NVMLError(code)`` gives the code's subclass, as pynvml's ``NVMLError.__new__`` maps it;
+a bad index raises ``NVMLError_InvalidArgument``), its constants are pynvml's values, its functions have
+pynvml's names and parameters, and what they return has the fields of pynvml's ctypes structures (the
+structures themselves where the fake can fill them). tests/unit/producers/pollers/test_fake_nvml.py checks
+all of it against the installed pynvml.
+
+What a GPU cannot do is scripted as the real library answers it:
 ``unsupported[index]`` names the C functions that GPU refuses (``NVMLError_NotSupported``, as an
 Ampere GPU answers the GPM calls) and the field ids it refuses (the call succeeds, that field's
 ``nvmlReturn`` is ``NVML_ERROR_NOT_SUPPORTED``); ``driver_lacks`` names C functions the driver does
@@ -21,33 +28,19 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import pynvml
 
-class NVMLError(Exception):
-    value = 999  # NVML_ERROR_UNKNOWN
+# pynvml's own classes: what the poller catches is what the real library raises
+NVMLError = pynvml.NVMLError
+NVMLError_Timeout = pynvml.NVMLError_Timeout
+NVMLError_NotSupported = pynvml.NVMLError_NotSupported
+NVMLError_LibraryNotFound = pynvml.NVMLError_LibraryNotFound
+NVMLError_GpuIsLost = pynvml.NVMLError_GpuIsLost
+NVMLError_FunctionNotFound = pynvml.NVMLError_FunctionNotFound  # a binding newer than the driver
+NVMLError_InvalidArgument = pynvml.NVMLError_InvalidArgument
 
-
-class NVMLError_Timeout(NVMLError):
-    value = 10
-
-
-class NVMLError_NotSupported(NVMLError):
-    value = 3
-
-
-class NVMLError_LibraryNotFound(NVMLError):
-    value = 12
-
-
-class NVMLError_GpuIsLost(NVMLError):
-    value = 15
-
-
-class NVMLError_FunctionNotFound(NVMLError):  # a binding newer than the driver
-    value = 13
-
-
-NVML_SUCCESS = 0
-NVML_ERROR_NOT_SUPPORTED = 3
+NVML_SUCCESS = pynvml.NVML_SUCCESS
+NVML_ERROR_NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 
 
 @dataclass
@@ -88,6 +81,7 @@ class FakeGpmMetric:  # c_nvmlGpmMetric_t
     metricId: int = 0
     nvmlReturn: int = 0
     value: float = 0.0
+    metricInfo: Any = None
 
 
 class c_nvmlGpmMetricsGet_t:  # the caller builds it, as with the real structure
@@ -99,6 +93,14 @@ class c_nvmlGpmMetricsGet_t:  # the caller builds it, as with the real structure
         self.metrics = [FakeGpmMetric() for _ in range(FakeNvml.NVML_GPM_METRIC_MAX)]
 
 
+ERRORS = ("NVMLError", "NVMLError_Timeout", "NVMLError_NotSupported", "NVMLError_LibraryNotFound", "NVMLError_GpuIsLost",
+          "NVMLError_FunctionNotFound", "NVMLError_InvalidArgument")
+CONSTANTS = ("NVML_ERROR_TIMEOUT", "NVML_TEMPERATURE_GPU", "NVML_CLOCK_SM", "nvmlEventTypeXidCriticalError", "NVML_SUCCESS",
+             "NVML_ERROR_NOT_SUPPORTED", "nvmlMemory_v2", "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
+             "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+             "NVML_GPM_METRIC_DRAM_BW_UTIL", "NVML_GPM_METRIC_MAX", "NVML_GPM_METRICS_GET_VERSION", "NVML_GPM_SUPPORT_VERSION")
+
+
 class FakeNvml:
     NVMLError = NVMLError
     NVMLError_Timeout = NVMLError_Timeout
@@ -106,21 +108,22 @@ class FakeNvml:
     NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
     NVMLError_FunctionNotFound = NVMLError_FunctionNotFound
-    NVML_ERROR_TIMEOUT = 10
-    NVML_TEMPERATURE_GPU = 0
-    NVML_CLOCK_SM = 1
-    nvmlEventTypeXidCriticalError = 0x8
+    NVMLError_InvalidArgument = NVMLError_InvalidArgument
+    NVML_ERROR_TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
     NVML_SUCCESS = NVML_SUCCESS
     NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_NOT_SUPPORTED
-    nvmlMemory_v2 = 0x02000028
-    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
-    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
-    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
-    NVML_GPM_METRIC_ANY_TENSOR_UTIL = 5
-    NVML_GPM_METRIC_DRAM_BW_UTIL = 10
-    NVML_GPM_METRIC_MAX = 477
-    NVML_GPM_METRICS_GET_VERSION = 1
-    NVML_GPM_SUPPORT_VERSION = 1
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL = pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    NVML_GPM_METRIC_DRAM_BW_UTIL = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+    NVML_GPM_METRIC_MAX = pynvml.NVML_GPM_METRIC_MAX
+    NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
+    NVML_GPM_SUPPORT_VERSION = pynvml.NVML_GPM_SUPPORT_VERSION
     c_nvmlGpmMetricsGet_t = c_nvmlGpmMetricsGet_t
 
     def __init__(self, uuids: list[str | bytes | Exception], *, init_error: Exception | None = None,
@@ -188,7 +191,7 @@ class FakeNvml:
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
         if not 0 <= index < len(self.uuids):
-            raise NVMLError()  # the real one raises NVMLError_InvalidArgument
+            raise NVMLError_InvalidArgument()  # NVML_ERROR_INVALID_ARGUMENT, as nvmlDeviceGetHandleByIndex_v2 answers
         return FakeHandle(index)
 
     def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str | bytes:
@@ -204,28 +207,28 @@ class FakeNvml:
         assert sensor == self.NVML_TEMPERATURE_GPU
         return self._sample("nvmlDeviceGetTemperature", handle).temp_c
 
-    def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> SimpleNamespace:  # c_nvmlUtilization_t
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> pynvml.c_nvmlUtilization_t:
         s = self._sample("nvmlDeviceGetUtilizationRates", handle)
-        return SimpleNamespace(gpu=s.util_gpu, memory=s.util_memory)
+        return pynvml.c_nvmlUtilization_t(gpu=s.util_gpu, memory=s.util_memory)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle, version: int | None = None) -> Any:
         # As pynvml: no version -> c_nvmlMemory_t from nvmlDeviceGetMemoryInfo (used includes the
         # reserved memory); a version -> c_nvmlMemory_v2_t from nvmlDeviceGetMemoryInfo_v2.
         if not version:
             s = self._sample("nvmlDeviceGetMemoryInfo", handle)
             used = s.mem_used + s.mem_reserved
-            return SimpleNamespace(total=s.mem_total, free=s.mem_total - used, used=used)
+            return pynvml.c_nvmlMemory_t(total=s.mem_total, free=s.mem_total - used, used=used)
         s = self._sample("nvmlDeviceGetMemoryInfo_v2", handle)
-        return SimpleNamespace(version=version, total=s.mem_total, reserved=s.mem_reserved,
-                               free=s.mem_total - s.mem_reserved - s.mem_used, used=s.mem_used)
+        return pynvml.c_nvmlMemory_v2_t(version=version, total=s.mem_total, reserved=s.mem_reserved,
+                                        free=s.mem_total - s.mem_reserved - s.mem_used, used=s.mem_used)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeHandle) -> int:  # millijoules
         return self._sample("nvmlDeviceGetTotalEnergyConsumption", handle).energy_mj
 
-    def nvmlDeviceGetRemappedRows(self, handle: FakeHandle) -> tuple[int, int, int, int]:
-        return self._sample("nvmlDeviceGetRemappedRows", handle).remapped_rows
+    def nvmlDeviceGetRemappedRows(self, device: FakeHandle) -> tuple[int, int, int, int]:
+        return self._sample("nvmlDeviceGetRemappedRows", device).remapped_rows
 
-    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list[Any]) -> list[SimpleNamespace]:
+    def nvmlDeviceGetFieldValues(self, handle: FakeHandle, fieldIds: list[Any]) -> list[pynvml.c_nvmlFieldValue_t]:
         n = self.cursors.get(("nvmlDeviceGetFieldValues", handle.index), 0)
         s = self._sample("nvmlDeviceGetFieldValues", handle)
         counters = {self.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: s.nvlink_tx_kib,
@@ -234,19 +237,19 @@ class FakeNvml:
         for item in fieldIds:  # an id, or (id, scopeId) as pynvml takes them
             field_id, scope = item if isinstance(item, tuple) else (item, 0)
             refused = field_id in self.unsupported.get(handle.index, ()) or field_id not in counters
-            out.append(SimpleNamespace(
+            out.append(pynvml.c_nvmlFieldValue_t(
                 fieldId=field_id, scopeId=scope, latencyUsec=0,
                 timestamp=s.field_time_us if s.field_time_us is not None else n * 5_000_000,
                 valueType=self.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
                 nvmlReturn=NVML_ERROR_NOT_SUPPORTED if refused else NVML_SUCCESS,
-                value=SimpleNamespace(ullVal=0 if refused else counters[field_id])))
+                value=pynvml.c_nvmlValue_t(ullVal=0 if refused else counters[field_id])))
         return out
 
     # -- GPM (Hopper and newer) ----------------------------------------------------------------
-    def nvmlGpmQueryDeviceSupport(self, handle: FakeHandle) -> SimpleNamespace:  # c_nvmlGpmSupport_t
-        self._check("nvmlGpmQueryDeviceSupport", handle)
-        refused = "nvmlGpmSampleGet" in self.unsupported.get(handle.index, ())
-        return SimpleNamespace(version=self.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=0 if refused else 1)
+    def nvmlGpmQueryDeviceSupport(self, device: FakeHandle) -> pynvml.c_nvmlGpmSupport_t:
+        self._check("nvmlGpmQueryDeviceSupport", device)
+        refused = "nvmlGpmSampleGet" in self.unsupported.get(device.index, ())
+        return pynvml.c_nvmlGpmSupport_t(version=self.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=0 if refused else 1)
 
     def nvmlGpmSampleAlloc(self) -> FakeGpmSample:
         self._check("nvmlGpmSampleAlloc", None)
@@ -277,8 +280,8 @@ class FakeNvml:
                 metric.nvmlReturn, metric.value = NVML_ERROR_NOT_SUPPORTED, 0.0
         return metricsGet
 
-    def nvmlDeviceGetClockInfo(self, handle: FakeHandle, clock_type: int) -> int:
-        assert clock_type == self.NVML_CLOCK_SM
+    def nvmlDeviceGetClockInfo(self, handle: FakeHandle, type: int) -> int:  # noqa: A002 - pynvml's name
+        assert type == self.NVML_CLOCK_SM
         return self._sample("nvmlDeviceGetClockInfo", handle).sm_clock
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeHandle) -> int:
@@ -290,15 +293,15 @@ class FakeNvml:
     def nvmlEventSetCreate(self) -> object:
         return object()
 
-    def nvmlDeviceRegisterEvents(self, handle: FakeHandle, event_types: int, event_set: object) -> None:
+    def nvmlDeviceRegisterEvents(self, handle: FakeHandle, eventTypes: int, eventSet: object) -> None:
         if handle.index in self.register_error:
             raise self.register_error[handle.index]
         self.registered.append(handle.index)
 
-    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> Any:
+    def nvmlEventSetWait_v2(self, eventSet: object, timeoutms: int) -> Any:
         with self.event_ready:
             if not self.events:  # capped: an early timeout is harmless and keeps stop() quick in tests
-                self.event_ready.wait(min(timeout_ms, 5) / 1000.0)
+                self.event_ready.wait(min(timeoutms, 5) / 1000.0)
             if not self.events:
                 raise NVMLError_Timeout()
             event = self.events.popleft()
@@ -306,5 +309,5 @@ class FakeNvml:
             raise event
         return event
 
-    def nvmlEventSetFree(self, event_set: object) -> None:
+    def nvmlEventSetFree(self, eventSet: object) -> None:
         pass

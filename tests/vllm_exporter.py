@@ -13,14 +13,23 @@ of the others vLLM exports, which the poller must read past. ``version`` picks t
   ``gpu_prefix_cache_hits`` and ``time_per_output_token_seconds``, and no sleep state.
 
 ``prometheus_client.start_http_server`` serves them. :meth:`VllmExporter.restart` swaps in a fresh
-registry, as a restarted server would count from zero.
+registry, as a restarted server would count from zero. :meth:`VllmExporter.spoil` makes one sample of the
+page read ``NaN``, ``+Inf`` or any value (a broken exporter, or a bit flipped on the way).
+
+:class:`RayExporter` is one page for several replicas under the same ``engine`` label, as Ray's metrics
+agent re-exports them: every name ``ray_vllm_...`` (``_`` for ``:``), every sample with the replica's
+``ReplicaId`` and ``WorkerId``; :meth:`RayExporter.restart` restarts one replica (same labels, counting
+from zero again).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 # vLLM's bucket families (vllm.v1.metrics.buckets in 0.33.0; the same lists inline in 0.9.1's vllm.v1.metrics.loggers)
@@ -87,13 +96,49 @@ class _Engines:
             for other in others:
                 other.labels(model, engine).observe(1.2)  # a histogram with observations, read past
 
+    def set(self, model: str, engine: str, running: float | None, waiting: float | None, kv: float | None) -> None:
+        for gauge, value in ((self.running, running), (self.waiting, waiting), (self.kv, kv)):
+            if value is not None:
+                gauge.labels(model, engine).set(value)
+
+    def serve(self, model: str, engine: str, *, prompt: int = 0, generation: int = 0, preemptions: int = 0,
+              ttft: tuple[float, ...] = (), queued: tuple[float, ...] = (), itl: tuple[float, ...] = (),
+              prefix_queries: int = 0, prefix_hits: int = 0) -> None:
+        self.prompt.labels(model, engine).inc(prompt)
+        self.generation.labels(model, engine).inc(generation)
+        self.preemptions.labels(model, engine).inc(preemptions)
+        self.prefix_queries.labels(model, engine).inc(prefix_queries)
+        self.prefix_hits.labels(model, engine).inc(prefix_hits)
+        for histogram, values in ((self.ttft, ttft), (self.queue, queued), (self.itl, itl)):
+            for seconds in values:
+                histogram.labels(model, engine).observe(seconds)
+
+
+Spoiled = dict[tuple[str, str, str | None], float]  # (sample name, engine, le) -> the value served instead
+
+
+def _rewrite(families: Iterable[Metric], spoiled: Spoiled, rename: bool = False,
+             labels: dict[str, str] | None = None) -> list[Metric]:
+    """``families`` with the spoiled samples' values replaced, and (Ray) renamed and relabelled."""
+    def name(n: str) -> str:
+        return "ray_vllm_" + n[len("vllm:"):] if rename and n.startswith("vllm:") else n
+
+    out = []
+    for family in families:
+        copy = Metric(name(family.name), family.documentation, family.type)
+        for sample in family.samples:
+            value = spoiled.get((sample.name, sample.labels.get("engine", ""), sample.labels.get("le")), sample.value)
+            copy.add_sample(name(sample.name), {**sample.labels, **(labels or {})}, value, sample.timestamp)
+        out.append(copy)
+    return out
+
 
 class _Current(Collector):
     def __init__(self, exporter: VllmExporter):
         self.exporter = exporter
 
     def collect(self) -> Any:
-        return self.exporter.metrics.registry.collect()
+        return _rewrite(self.exporter.metrics.registry.collect(), self.exporter.spoiled)
 
 
 class VllmExporter:
@@ -102,6 +147,7 @@ class VllmExporter:
     def __init__(self, model: str = "Qwen/Qwen2.5-0.5B", engines: tuple[str, ...] = ("0",), version: str = "0.33.0"):
         self.model, self.engines, self.version = model, engines, version
         self.metrics = _Engines(model, engines, version)
+        self.spoiled: Spoiled = {}
         outer = CollectorRegistry()
         outer.register(_Current(self))
         self._server, self._thread = start_http_server(0, addr="127.0.0.1", registry=outer)
@@ -109,25 +155,23 @@ class VllmExporter:
 
     def set(self, engine: str = "0", *, running: float | None = None, waiting: float | None = None,
             kv: float | None = None) -> None:
-        m = self.metrics
-        for gauge, value in ((m.running, running), (m.waiting, waiting), (m.kv, kv)):
-            if value is not None:
-                gauge.labels(self.model, engine).set(value)
+        self.metrics.set(self.model, engine, running, waiting, kv)
 
     def serve(self, engine: str = "0", *, prompt: int = 0, generation: int = 0, preemptions: int = 0,
               ttft: tuple[float, ...] = (), queued: tuple[float, ...] = (), itl: tuple[float, ...] = (),
               prefix_queries: int = 0, prefix_hits: int = 0) -> None:
         """Counters rise and latencies are observed, as requests are served: ``queued`` the finished
         requests' times waiting, ``itl`` the gaps between tokens, ``prefix_*`` tokens looked up and found."""
-        m = self.metrics
-        m.prompt.labels(self.model, engine).inc(prompt)
-        m.generation.labels(self.model, engine).inc(generation)
-        m.preemptions.labels(self.model, engine).inc(preemptions)
-        m.prefix_queries.labels(self.model, engine).inc(prefix_queries)
-        m.prefix_hits.labels(self.model, engine).inc(prefix_hits)
-        for histogram, values in ((m.ttft, ttft), (m.queue, queued), (m.itl, itl)):
-            for seconds in values:
-                histogram.labels(self.model, engine).observe(seconds)
+        self.metrics.serve(self.model, engine, prompt=prompt, generation=generation, preemptions=preemptions, ttft=ttft,
+                           queued=queued, itl=itl, prefix_queries=prefix_queries, prefix_hits=prefix_hits)
+
+    def spoil(self, sample: str, value: float = math.nan, *, engine: str = "0", le: str | None = None) -> None:
+        """Serve ``value`` for the sample ``sample`` (its wire name, e.g. ``vllm:time_to_first_token_seconds_bucket``,
+        ``le`` its bound as written: ``"0.5"``, ``"+Inf"``) of ``engine`` until :meth:`unspoil`."""
+        self.spoiled[(sample, engine, le)] = value
+
+    def unspoil(self) -> None:
+        self.spoiled.clear()
 
     def sleep(self, engine: str = "0", level: int = 1) -> None:
         """vLLM's sleep mode (the actor updates): awake 0, weights_offloaded (1) or discard_all (2) 1."""
@@ -150,6 +194,65 @@ class VllmExporter:
         self._server.server_close()
 
     def __enter__(self) -> VllmExporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Replicas(Collector):
+    def __init__(self, exporter: RayExporter):
+        self.exporter = exporter
+
+    def collect(self) -> Any:
+        merged: dict[str, Metric] = {}
+        for replica, metrics in self.exporter.replicas.items():
+            for family in _rewrite(metrics.registry.collect(), self.exporter.spoiled.get(replica, {}), rename=True,
+                                   labels={"ReplicaId": replica, "WorkerId": f"worker-{replica}"}):
+                if family.name in merged:
+                    merged[family.name].samples.extend(family.samples)
+                else:
+                    merged[family.name] = family
+        return list(merged.values())
+
+
+class RayExporter:
+    """Several vLLM replicas under one ``engine`` label on one page, as Ray's metrics agent serves them."""
+
+    def __init__(self, replicas: tuple[str, ...] = ("1", "2"), model: str = "Qwen/Qwen2.5-0.5B",
+                 engines: tuple[str, ...] = ("0",)):
+        self.model, self.engines = model, engines
+        self.replicas = {r: _Engines(model, engines, "0.33.0") for r in replicas}
+        self.spoiled: dict[str, Spoiled] = {}  # replica -> its spoiled samples
+        outer = CollectorRegistry()
+        outer.register(_Replicas(self))
+        self._server, self._thread = start_http_server(0, addr="127.0.0.1", registry=outer)
+        self.url = f"http://127.0.0.1:{self._server.server_port}/metrics"
+
+    def set(self, replica: str, engine: str = "0", *, running: float | None = None, waiting: float | None = None,
+            kv: float | None = None) -> None:
+        self.replicas[replica].set(self.model, engine, running, waiting, kv)
+
+    def serve(self, replica: str, engine: str = "0", **served: Any) -> None:
+        """As :meth:`VllmExporter.serve`, on one replica."""
+        self.replicas[replica].serve(self.model, engine, **served)
+
+    def spoil(self, replica: str, sample: str, value: float = math.nan, *, engine: str = "0", le: str | None = None) -> None:
+        """As :meth:`VllmExporter.spoil`, on one replica (``sample`` by vLLM's name, ``vllm:...``)."""
+        self.spoiled.setdefault(replica, {})[(sample, engine, le)] = value
+
+    def unspoil(self) -> None:
+        self.spoiled.clear()
+
+    def restart(self, replica: str) -> None:
+        """One replica restarted, under the same labels: its counters and histograms count from zero again."""
+        self.replicas[replica] = _Engines(self.model, self.engines, "0.33.0")
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> RayExporter:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
 KV_USAGE, KV_USAGE_OLD = "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"
@@ -55,11 +55,25 @@ MAX_LABEL = 256  # characters of a label value we keep (engine, model_name, le)
 MAX_SERIES = 8192
 QUANTILES = (0.5, 0.9, 0.99)
 
+SeriesKey = tuple[tuple[str, str], ...]  # a series' labels but ``le``, sorted: one replica's counter or histogram
+LEFT_OUT = "histogram series left out (a sample refused)"
+
+
+@dataclass
+class Histogram:
+    """One histogram series at one scrape: bucket bound (le) -> cumulative count, and its _sum and _count."""
+
+    buckets: dict[float, float] = field(default_factory=dict)
+    totals: dict[str, float] = field(default_factory=dict)
+
 
 @dataclass
 class Reading:
-    """One engine's allowed figures at one scrape: series of the engine that differ in other labels
-    are added up (the largest for KV usage and for awake)."""
+    """One engine's allowed figures at one scrape, series by series (``counter_series``, ``histogram_series``:
+    the rates and deltas are taken per series, then added up) and as the engine's totals (``gauges`` summed,
+    the largest for KV usage and for awake; ``counters``, ``buckets`` and ``totals`` summed; a name with a
+    refused series has no total). ``series_refused``: the series with a sample refused at this scrape;
+    ``age``: seconds by which a series carried from an earlier scrape (:func:`carry`) is older than this one."""
 
     engine: str
     model_name: str = ""
@@ -68,6 +82,11 @@ class Reading:
     counters: dict[str, float] = field(default_factory=dict)  # COUNTERS and PREFIX_COUNTERS
     buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # histogram -> bucket bound (le) -> cumulative count
     totals: dict[str, dict[str, float]] = field(default_factory=dict)  # histogram -> {"sum": ..., "count": ...}
+    counter_series: dict[str, dict[SeriesKey, float]] = field(default_factory=dict)
+    histogram_series: dict[str, dict[SeriesKey, Histogram]] = field(default_factory=dict)
+    gauge_series: dict[str, dict[SeriesKey, float]] = field(default_factory=dict)  # SLEEP_STATE: its awake series
+    series_refused: set[tuple[str, SeriesKey]] = field(default_factory=set)  # (name or histogram, series)
+    age: dict[tuple[str, SeriesKey], float] = field(default_factory=dict)
 
     @property
     def ttft(self) -> dict[float, float]:
@@ -88,11 +107,16 @@ def vllm_name(name: str) -> str:
 
 def parse(text: str, max_engines: int = 64, max_series: int = MAX_SERIES) -> Parsed:
     """The allowed samples of a Prometheus text exposition, per engine. Never raises on its input:
-    text the parser rejects is one refusal (``unparseable``) and nothing else is kept from it."""
+    text the parser rejects is one refusal (``unparseable``) and nothing else is kept from it.
+
+    A sample refused for its value (not finite, below 0) or its bucket bound refuses its whole series at
+    this scrape: a histogram series without one of its buckets is no histogram (the rest of it is counted
+    as ``LEFT_OUT``), and an engine's gauge with one series refused has no sum."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out = Parsed()
     engines: dict[str, Reading] = {}
+    refused: dict[str, set[tuple[str, SeriesKey]]] = {}  # engine -> series refused, also of engines not made
     series = 0
     try:
         for family in text_string_to_metric_families(text):
@@ -105,24 +129,30 @@ def parse(text: str, max_engines: int = 64, max_series: int = MAX_SERIES) -> Par
                 if series > max_series:
                     out.refused["too many series"] += 1
                     continue
-                _take(engines, out, name, sample.labels, sample.value, max_engines)
+                _take(engines, refused, out, name, sample.labels, sample.value, max_engines)
     except Exception:  # noqa: BLE001 - the parser's errors are ValueError, IndexError, ...: the text is bad
         out.refused["unparseable"] += 1
         return out
+    for engine, reading in engines.items():
+        _total(reading, refused.get(engine, set()), out)
     out.engines = engines
     return out
 
 
-def _take(engines: dict[str, Reading], out: Parsed, name: str, labels: dict[str, str], value: float,
-          max_engines: int) -> None:
+def _take(engines: dict[str, Reading], refused: dict[str, set[tuple[str, SeriesKey]]], out: Parsed, name: str,
+          labels: dict[str, str], value: float, max_engines: int) -> None:
     engine, model = labels.get("engine", ""), labels.get("model_name", "")
     if len(engine) > MAX_LABEL or len(model) > MAX_LABEL:
         out.refused["label too long"] += 1
         return
+    histogram, part = _HISTOGRAM_PARTS.get(name, ("", ""))
+    key: SeriesKey = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+    ident = (histogram or name, key)
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         out.refused["not a finite value >= 0"] += 1
+        if name != SLEEP_STATE or labels.get("sleep_state") == "awake":
+            refused.setdefault(engine, set()).add(ident)
         return
-    histogram, part = _HISTOGRAM_PARTS.get(name, ("", ""))
     le = math.nan
     if part == "bucket":
         try:
@@ -131,6 +161,7 @@ def _take(engines: dict[str, Reading], out: Parsed, name: str, labels: dict[str,
             le = math.nan
         if math.isnan(le):
             out.refused["bucket without a bound"] += 1
+            refused.setdefault(engine, set()).add(ident)
             return
     reading = engines.get(engine)
     if reading is None:
@@ -140,19 +171,62 @@ def _take(engines: dict[str, Reading], out: Parsed, name: str, labels: dict[str,
         reading = engines[engine] = Reading(engine, model)
     if name == SLEEP_STATE:
         if labels.get("sleep_state") == "awake":
-            reading.awake = value if reading.awake is None else max(reading.awake, value)
-    elif part == "bucket":
-        buckets = reading.buckets.setdefault(histogram, {})
-        buckets[le] = buckets.get(le, 0.0) + value
+            reading.gauge_series.setdefault(name, {})[key] = value
     elif part:
-        totals = reading.totals.setdefault(histogram, {})
-        totals[part] = totals.get(part, 0.0) + value
+        h = reading.histogram_series.setdefault(histogram, {}).setdefault(key, Histogram())
+        if part == "bucket":
+            h.buckets[le] = h.buckets.get(le, 0.0) + value
+        else:
+            h.totals[part] = h.totals.get(part, 0.0) + value
     elif name in COUNTERS or name in PREFIX_COUNTERS:
-        reading.counters[name] = reading.counters.get(name, 0.0) + value
-    elif name in (KV_USAGE, KV_USAGE_OLD):
-        reading.gauges[name] = max(reading.gauges.get(name, value), value)
+        series = reading.counter_series.setdefault(name, {})
+        series[key] = series.get(key, 0.0) + value
     else:
-        reading.gauges[name] = reading.gauges.get(name, 0.0) + value
+        series = reading.gauge_series.setdefault(name, {})
+        series[key] = series.get(key, 0.0) + value
+
+
+def _total(reading: Reading, refused: set[tuple[str, SeriesKey]], out: Parsed) -> None:
+    """Drop the refused series from ``reading`` and add up each name's series: the engine's totals."""
+    reading.series_refused = refused
+    for name, key in refused:
+        if reading.histogram_series.get(name, {}).pop(key, None) is not None:
+            out.refused[LEFT_OUT] += 1
+        reading.counter_series.get(name, {}).pop(key, None)
+    bad = {name for name, _ in refused}
+    for name, series in reading.gauge_series.items():
+        if name in bad or not series:
+            continue  # a sum or a largest without one of its series is no figure
+        value = max(series.values()) if name in (SLEEP_STATE, KV_USAGE, KV_USAGE_OLD) else sum(series.values())
+        if name == SLEEP_STATE:
+            reading.awake = value
+        else:
+            reading.gauges[name] = value
+    reading.counters = {name: sum(c.values()) for name, c in reading.counter_series.items() if name not in bad and c}
+    for name, histograms in reading.histogram_series.items():
+        for h in histograms.values() if name not in bad else ():
+            for total, parts in ((reading.buckets, h.buckets), (reading.totals, h.totals)):
+                into: dict = total.setdefault(name, {}) if parts else {}
+                for part, value in parts.items():
+                    into[part] = into.get(part, 0.0) + value
+
+
+def carry(prev: Reading | None, cur: Reading, dt_s: float | None) -> Reading:
+    """``cur`` as the previous reading of the next interval: each series it refused taken from ``prev``
+    (its last good value, ``dt_s`` older), so that a sample refused once is neither a reset nor a gap."""
+    if prev is None or dt_s is None or not cur.series_refused:
+        return cur
+    kept = replace(cur, counter_series={n: dict(s) for n, s in cur.counter_series.items()},
+                   histogram_series={n: dict(s) for n, s in cur.histogram_series.items()}, age=dict(cur.age))
+    for name, key in cur.series_refused:
+        counter, histogram = prev.counter_series.get(name, {}).get(key), prev.histogram_series.get(name, {}).get(key)
+        if counter is not None:
+            kept.counter_series.setdefault(name, {})[key] = counter
+        if histogram is not None:
+            kept.histogram_series.setdefault(name, {})[key] = histogram
+        if counter is not None or histogram is not None:
+            kept.age[(name, key)] = prev.age.get((name, key), 0.0) + dt_s
+    return kept
 
 
 def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
@@ -197,7 +271,7 @@ class Interval:
 
     rates: dict[str, float | None]  # counter name -> per second; None without a previous scrape
     histograms: dict[str, Distribution]  # TTFT, QUEUE_TIME and ITL (ITL_OLD's figures where ITL is absent)
-    resets: int  # counters or histograms that went down: the engine restarted between the scrapes
+    resets: int  # counter and histogram series that went down: an engine (or one replica of it) restarted
     prefix_cache_queries: int | None = None  # tokens looked up in the prefix cache in the interval
     prefix_cache_hit_rate: float | None = None  # hits / queries in the interval; None when nothing was looked up
 
@@ -210,46 +284,70 @@ class Interval:
         return self.histograms[TTFT].quantiles
 
 
-def _increase(prev: Reading, cur: Reading, name: str) -> tuple[float | None, bool]:
-    """A counter's increase between two readings and whether it was reset (went down): then, as
-    Prometheus's ``rate`` takes it, the increase is the new value, counted from zero."""
-    now, before = cur.counters.get(name), prev.counters.get(name)
-    if now is None or before is None:
-        return None, False
-    return (now, True) if now < before else (now - before, False)
+
+def _counters(r: Reading, name: str) -> dict[SeriesKey, float]:
+    """A counter's series; a reading built with only its totals is one series."""
+    if name in r.counter_series:
+        return r.counter_series[name]
+    return {(): r.counters[name]} if name in r.counters else {}
+
+
+def _histograms(r: Reading, name: str) -> dict[SeriesKey, Histogram]:
+    if name in r.histogram_series:
+        return r.histogram_series[name]
+    if name in r.buckets or name in r.totals:
+        return {(): Histogram(r.buckets.get(name, {}), r.totals.get(name, {}))}
+    return {}
+
+
+def _increases(prev: Reading, cur: Reading, name: str) -> dict[SeriesKey, tuple[float, bool]]:
+    """Each series' increase between two readings (the series in both) and whether it was reset (went
+    down): then, as Prometheus's ``rate`` takes it, the increase is the new value, counted from zero."""
+    before = _counters(prev, name)
+    return {key: (now, True) if now < before[key] else (now - before[key], False)
+            for key, now in _counters(cur, name).items() if key in before}
 
 
 def interval(prev: Reading | None, cur: Reading, dt_s: float | None) -> Interval:
     """Counters as rates, the prefix cache's hits over its queries, and each histogram as percentiles
     (and a mean, where its ``_sum`` and ``_count`` are read) over ``dt_s`` seconds since ``prev``.
 
-    A counter below its previous value was reset (the engine restarted): its increase is the new
-    value. The same for a histogram when a bucket, its sum or its count went down or its bounds
-    changed. An older name (``ITL_OLD``, the ``gpu_`` prefix-cache counters) is read only where the
-    current one is absent from this scrape."""
+    As Prometheus's ``sum(rate(...))``: each series (one replica, say) is rated on its own, over the time
+    since its previous value, and a series below its previous value was reset (its increase is the new
+    value); then the series are added up. A histogram series was reset when a bucket, its sum or its
+    count went down or its bounds changed; the series' deltas are then merged by bound. A series in one
+    reading only is not in the interval; a name with a series refused in ``cur`` has no figure (a sum
+    without a part), its resets still counted. An older name (``ITL_OLD``, the ``gpu_`` prefix-cache
+    counters) is read only where the current one is absent from this scrape."""
     none = {name: NO_DISTRIBUTION for name in (TTFT, QUEUE_TIME, ITL)}
     if prev is None or dt_s is None or dt_s <= 0:
         return Interval(dict.fromkeys(COUNTERS), none, 0)
+    partial = {name for name, _ in cur.series_refused}
     resets = 0
     rates: dict[str, float | None] = {}
     for name in COUNTERS:
-        increase, reset = _increase(prev, cur, name)
-        resets += reset
-        rates[name] = None if increase is None else increase / dt_s
-    queries_name, hits_name = ((PREFIX_QUERIES, PREFIX_HITS) if PREFIX_QUERIES in cur.counters
+        increases = _increases(prev, cur, name)
+        resets += sum(reset for _, reset in increases.values())
+        rates[name] = (sum(inc / (dt_s + prev.age.get((name, key), 0.0)) for key, (inc, _) in increases.items())
+                       if increases and name not in partial else None)
+    queries_name, hits_name = ((PREFIX_QUERIES, PREFIX_HITS) if _counters(cur, PREFIX_QUERIES) or PREFIX_QUERIES in partial
                                else (PREFIX_QUERIES_OLD, PREFIX_HITS_OLD))
-    (queries, reset_q), (hits, reset_h) = _increase(prev, cur, queries_name), _increase(prev, cur, hits_name)
-    resets += reset_q + reset_h
-    if reset_q != reset_h and queries is not None and hits is not None:  # one went down: the engine restarted
-        queries, hits = cur.counters[queries_name], cur.counters[hits_name]
+    q, h = _increases(prev, cur, queries_name), _increases(prev, cur, hits_name)
+    resets += sum(reset for _, reset in (*q.values(), *h.values()))
+    for key in q.keys() & h.keys():
+        if q[key][1] != h[key][1]:  # one went down: that series' engine restarted, both count from zero
+            q[key], h[key] = (_counters(cur, queries_name)[key], True), (_counters(cur, hits_name)[key], True)
+    queries = sum(inc for inc, _ in q.values()) if q else None
+    hits = sum(inc for inc, _ in h.values()) if h else None
     # a scrape is another process's text: a rate outside [0, 1] or a count beyond an Avro long is no figure
     hit_rate = hits / queries if queries and hits is not None and 0 <= hits <= queries else None
-    if queries is not None and not 0 <= queries <= MAX_COUNT:
+    if queries is not None and not 0 <= queries <= MAX_COUNT or {queries_name, hits_name} & partial:
         queries, hit_rate = None, None
     histograms = dict(none)
-    for name, source in ((TTFT, TTFT), (QUEUE_TIME, QUEUE_TIME),
-                         (ITL, ITL if ITL in cur.buckets or ITL in cur.totals else ITL_OLD)):
-        histograms[name], reset = _distribution(prev, cur, source)
+    itl = ITL if _histograms(cur, ITL) or ITL in partial else ITL_OLD
+    for name, source in ((TTFT, TTFT), (QUEUE_TIME, QUEUE_TIME), (ITL, itl)):
+        distribution, reset = _distribution(prev, cur, source)
+        histograms[name] = NO_DISTRIBUTION if source in partial else distribution
         resets += reset
     return Interval(rates, histograms, resets, None if queries is None else int(round(queries)), hit_rate)
 
@@ -257,36 +355,50 @@ def interval(prev: Reading | None, cur: Reading, dt_s: float | None) -> Interval
 MAX_COUNT = 2**63 - 1  # an Avro long
 
 
-def _distribution(prev: Reading, cur: Reading, name: str) -> tuple[Distribution, bool]:
-    """Histogram ``name`` over the interval, and whether it was reset."""
-    now, before = cur.buckets.get(name, {}), prev.buckets.get(name, {})
-    now_totals, before_totals = cur.totals.get(name, {}), prev.totals.get(name, {})
-    bounds = sorted(now)
-    deltas = [now[b] - before.get(b, math.nan) for b in bounds]
-    total_deltas = {part: now_totals[part] - before_totals[part] for part in ("sum", "count")
-                    if part in now_totals and part in before_totals}
-    if not (now and before) and len(total_deltas) < 2:
-        return NO_DISTRIBUTION, False  # not exported, or not in both scrapes
-    reset = bool(now and before) and (set(bounds) != set(before) or any(not d >= 0 for d in deltas))
-    reset = reset or any(d < 0 for d in total_deltas.values())
+def _delta(before: Histogram, now: Histogram) -> tuple[dict[float, float] | None, dict[str, float], bool] | None:
+    """One histogram series over the interval: bucket increases (None without buckets in both), the increases
+    of _sum and _count (those in both), and whether it was reset; None if it gives nothing."""
+    bounds = sorted(now.buckets)
+    deltas: dict[float, float] | None = {b: now.buckets[b] - before.buckets.get(b, math.nan) for b in bounds}
+    totals: dict[str, float] = {part: now.totals[part] - before.totals[part] for part in ("sum", "count")
+                                if part in now.totals and part in before.totals}
+    bucketed = bool(now.buckets and before.buckets)
+    if not bucketed and len(totals) < 2:
+        return None  # not exported, or not in both scrapes
+    reset = bucketed and (set(bounds) != set(before.buckets) or any(not d >= 0 for d in (deltas or {}).values()))
+    reset = reset or any(d < 0 for d in totals.values())
     if reset:
-        deltas = [now[b] for b in bounds]
-        total_deltas = {part: now_totals[part] for part in total_deltas}
+        deltas, totals = dict(now.buckets), {part: now.totals[part] for part in totals}
+    return (deltas if bucketed else None), totals, reset
+
+
+def _distribution(prev: Reading, cur: Reading, name: str) -> tuple[Distribution, int]:
+    """Histogram ``name`` over the interval, its series merged, and how many of them were reset."""
+    before = _histograms(prev, name)
+    parts = [d for key, h in _histograms(cur, name).items() if key in before
+             for d in [_delta(before[key], h)] if d is not None]
+    if not parts:
+        return NO_DISTRIBUTION, 0
+    resets = sum(reset for _, _, reset in parts)
     count: int | None = None
     quantiles: tuple[float | None, ...] = (None,) * len(QUANTILES)
-    if now and before:
+    if all(deltas is not None for deltas, _, _ in parts):
+        # bounds every series has: a cumulative count there is exact (vLLM's replicas share their buckets)
+        bounds = sorted(set.intersection(*(set(deltas or {}) for deltas, _, _ in parts)))
         cumulative, running = [], 0.0
-        for bound, delta in zip(bounds, deltas):
-            running = max(running, delta)  # a scrape is not atomic: keep the counts monotonic, as Prometheus does
-            cumulative.append((bound, running))
-        count = int(round(cumulative[-1][1])) if math.isinf(bounds[-1]) else None
-        quantiles = tuple(quantile(q, cumulative) for q in QUANTILES)
+        for bound in bounds:
+            running = max(running, sum((deltas or {})[bound] for deltas, _, _ in parts))  # a scrape is not atomic:
+            cumulative.append((bound, running))  # keep the counts monotonic, as Prometheus does
+        if bounds:
+            count = int(round(cumulative[-1][1])) if math.isinf(bounds[-1]) else None
+            quantiles = tuple(quantile(q, cumulative) for q in QUANTILES)
     mean: float | None = None
-    if len(total_deltas) == 2:
+    if all(len(totals) == 2 for _, totals, _ in parts):
+        observed, seconds = sum(t["count"] for _, t, _ in parts), sum(t["sum"] for _, t, _ in parts)
         if count is None:
-            count = int(round(total_deltas["count"]))
-        if total_deltas["count"] > 0:
-            mean = total_deltas["sum"] / total_deltas["count"]
+            count = int(round(observed))
+        if observed > 0:
+            mean = seconds / observed
     if count is not None and not 0 <= count <= MAX_COUNT:  # not a count an engine observed: no figure
         count, quantiles, mean = None, (None,) * len(QUANTILES), None
-    return Distribution(count, quantiles, mean), reset
+    return Distribution(count, quantiles, mean), resets

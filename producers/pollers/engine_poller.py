@@ -8,11 +8,14 @@ the interval (``rlpulse.producers.pollers.engine_metrics``). A sleep shorter
 than the interval does not show, as the seed says of a step shorter than the scrape interval.
 
 Every scraped byte is someone else's: a response is read up to a size cap within a total time
-limit, over plain HTTP(S) with no redirect and no proxy, and only an allowlist of sample names is
-kept. What is refused (an oversized or unparseable response, a non-finite value, a label too long,
-too many engines or series) is counted by reason in :attr:`EnginePoller.refused` and logged the
-1st, 10th, 100th... time; an endpoint that stops answering is logged when it goes and when it
-comes back.
+limit, connect to last byte, over plain HTTP(S) with no redirect and no proxy
+(``rlpulse.producers.pollers.engine_fetch``); the URLs are fetched at once, so one slow endpoint
+holds no other; only an allowlist of sample names is kept. What is refused (an oversized, cut or
+unparseable response, a non-finite value and its series, a label too long, too many engines or
+series) is counted by reason in :attr:`EnginePoller.refused` and logged the 1st, 10th, 100th...
+time; an endpoint that stops answering is logged when it goes and when it comes back.
+
+One ``--pod`` names one rollout server, so it takes one ``--metrics-url`` (:func:`check_keys`).
 """
 
 from __future__ import annotations
@@ -21,34 +24,26 @@ import logging
 import signal
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable
 
 from rlpulse.producers.pollers.engine_metrics import (GENERATION_TOKENS, ITL, KV_USAGE, KV_USAGE_OLD, PREEMPTIONS,
                                                       MAX_SERIES, PROMPT_TOKENS, QUEUE_TIME, RUNNING, TTFT, WAITING, Reading,
-                                                      interval, parse)
+                                                      carry, interval, parse)
+from rlpulse.producers.pollers.engine_fetch import MAX_BYTES, TIMEOUT_S, ScrapeError, fetch
 from rlpulse.producers.sdk.sender import Outgoing, Sender
 from rlpulse.schemas.catalogue import engine_key
 from rlpulse.base.settings import Settings
-from rlpulse.base.errors import Error
+from rlpulse.base.urls import mask_url, split_url
 
 log = logging.getLogger(__name__)
 
-MAX_BYTES = 4 * 1024 * 1024  # vLLM's page is ~100-300 KiB with every histogram; far more is not a metrics page
-TIMEOUT_S = 3.0  # the whole request, connect to last byte
 MAX_URL = 1024
 MAX_NAME = 256  # project, run id, pod: as the SDK's input limits
-FETCH_WORKERS = 16
-
-
-class ScrapeError(Error):
-    """An endpoint that did not give a metrics page; the message says why (no body quoted)."""
+MAX_URLS = 256  # a thread each while a scrape is out
+SLACK_S = 1.0  # past its timeout, how long a scrape waits for a fetch that has not ended (it should have)
 
 
 def check_url(url: str) -> str:
@@ -57,53 +52,25 @@ def check_url(url: str) -> str:
     It is published in every record, so credentials, a query or a fragment are refused, not kept."""
     if len(url) > MAX_URL:
         raise ValueError(f"--metrics-url is {len(url)} characters; at most {MAX_URL} are allowed")
-    parts = urllib.parse.urlsplit(url)
+    parts = split_url(url, "--metrics-url")  # a ValueError naming the masked URL, never urllib's words
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--metrics-url {url!r} is not an http:// or https:// URL with a host")
+        raise ValueError(f"--metrics-url {mask_url(url)} is not an http:// or https:// URL with a host")
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         raise ValueError("--metrics-url must not carry credentials: the URL is published in every engine sample")
     if parts.query or parts.fragment or url.endswith(("?", "#")):
-        raise ValueError(f"--metrics-url {parts.scheme}://{parts.netloc}{parts.path}: give it without a query or fragment")
+        raise ValueError(f"--metrics-url {mask_url(url)}: give it without a query or fragment")
     return url
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
-        # A metrics endpoint answers where it is; following a redirect would let it send us anywhere.
-        raise ScrapeError(f"redirected ({code}); give the metrics URL itself")
-
-
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
-
-
-def fetch(url: str, timeout_s: float = TIMEOUT_S, max_bytes: int = MAX_BYTES) -> bytes:
-    """The body of ``url``, at most ``max_bytes``, within ``timeout_s`` in all; ScrapeError otherwise."""
-    deadline = time.monotonic() + timeout_s
-    request = urllib.request.Request(url, headers={"Accept": "text/plain", "Accept-Encoding": "identity"})
-    try:
-        with _OPENER.open(request, timeout=timeout_s) as response:
-            length = response.headers.get("Content-Length")
-            if length is not None and length.isdigit() and int(length) > max_bytes:
-                raise ScrapeError(f"response of {int(length)} bytes, over the {max_bytes}-byte cap")
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                if time.monotonic() > deadline:  # a server dripping bytes keeps each read under the socket timeout
-                    raise ScrapeError(f"no complete response within {timeout_s:g}s")
-                chunk = response.read(65536)
-                if not chunk:
-                    return b"".join(chunks)
-                size += len(chunk)
-                if size > max_bytes:
-                    raise ScrapeError(f"response over the {max_bytes}-byte cap")
-                chunks.append(chunk)
-    except ScrapeError:
-        raise
-    except urllib.error.HTTPError as exc:
-        raise ScrapeError(f"HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise ScrapeError(f"{type(exc).__name__}: {str(reason)[:200]}") from None
+def check_keys(urls: list[str], pod: str) -> None:
+    """ValueError if two URLs would publish under one key (``engine_key``: the pod, else the URL, and
+    vLLM's engine label): one ``--pod`` names one rollout server, so it takes one ``--metrics-url``."""
+    if len(urls) > MAX_URLS:
+        raise ValueError(f"{len(urls)} --metrics-url; at most {MAX_URLS} on one poller")
+    if pod and len(urls) > 1:
+        raise ValueError(f"one --pod for {len(urls)} --metrics-url: their engines would share the pod's keys (the "
+                         "Kafka key and the engine_saturated alert's) and overwrite each other; run a poller per "
+                         "rollout server with its own --pod, or leave --pod out to key each engine by its URL")
 
 
 @dataclass(frozen=True)
@@ -139,28 +106,54 @@ class EnginePoller:
             raise ValueError("give at least one --metrics-url")
         self.urls = list(dict.fromkeys(check_url(u) for u in urls))
         self._publish, self._topic, self.run = publish, settings.topic("hardware"), run or EngineRun()
+        check_keys(self.urls, self.run.pod)
         self.timeout_s, self.max_bytes, self.max_engines, self.max_series = timeout_s, max_bytes, max_engines, max_series
         self._fetch, self._clock, self._monotonic = fetcher, clock, monotonic
         self._previous: dict[tuple[str, str], tuple[Reading, float]] = {}  # (url, engine) -> last reading, when
         self.refused: Counter[str] = Counter()  # reason -> samples (or responses) refused, over all URLs
         self.failures: Counter[str] = Counter()  # url -> scrapes that gave no metrics page
         self._down: dict[str, str] = {}  # url -> why it is failing, while it is
+        self._out: dict[str, threading.Thread] = {}  # url -> a fetch that outlived its scrape, while it runs
         self.published = 0
 
     def scrape(self) -> list[dict[str, Any]]:
-        """Scrape every URL once and publish a record per engine; returns them. The requests run
-        several at a time; what is read is then taken in on this thread, one URL after another."""
-        if len(self.urls) == 1:
-            fetched = [self._fetch_one(self.urls[0])]
-        else:
-            with ThreadPoolExecutor(max_workers=min(FETCH_WORKERS, len(self.urls)), thread_name_prefix="rlpulse-scrape") as pool:
-                fetched = list(pool.map(self._fetch_one, self.urls))
-        records = [r for url, time_ns, started, body in fetched for r in self._take(url, time_ns, started, body)]
+        """Scrape every URL once and publish a record per engine; returns them.
+
+        The requests run at once, a thread each, and the scrape ends when they have, or at the timeout
+        (and ``SLACK_S``) at the latest: ``fetch`` bounds the whole exchange, and a fetcher that does not
+        end (a name lookup that hangs) costs its URL this scrape, and the next ones while it is out, not
+        the other URLs. What is read is then taken in on this thread, one URL after another."""
+        fetched: dict[str, tuple[str, int, float, bytes | ScrapeError]] = {}
+        running: list[tuple[str, threading.Thread, list[tuple[str, int, float, bytes | ScrapeError]]]] = []
+        for url in self.urls:
+            if url in self._out and self._out[url].is_alive():
+                fetched[url] = (url, self._clock(), self._monotonic(),
+                                ScrapeError("its previous request has not ended yet"))
+                continue
+            self._out.pop(url, None)
+            running.append((url, *self._start(url)))
+        until = time.monotonic() + self.timeout_s + SLACK_S
+        for url, thread, slot in running:
+            thread.join(max(0.0, until - time.monotonic()))
+            if slot:
+                fetched[url] = slot[0]
+            else:
+                self._out[url] = thread
+                fetched[url] = (url, self._clock(), self._monotonic(),
+                                ScrapeError(f"no complete response within {self.timeout_s:g}s (the request is still out)"))
+        records = [r for url in self.urls for r in self._take(*fetched[url])]
         for record in records:
             self._publish(Outgoing(self._topic, engine_key(record["pod"], record["url"], record["engine"]),
                                    "EngineSample", record))
         self.published += len(records)
         return records
+
+    def _start(self, url: str) -> tuple[threading.Thread, list[tuple[str, int, float, bytes | ScrapeError]]]:
+        """A daemon thread fetching ``url`` (one never ended does not hold the process at exit), and where it puts it."""
+        slot: list[tuple[str, int, float, bytes | ScrapeError]] = []
+        thread = threading.Thread(target=lambda: slot.append(self._fetch_one(url)), daemon=True, name="rlpulse-scrape")
+        thread.start()
+        return thread, slot
 
     def _fetch_one(self, url: str) -> tuple[str, int, float, bytes | ScrapeError]:
         time_ns, started = self._clock(), self._monotonic()
@@ -168,6 +161,8 @@ class EnginePoller:
             return url, time_ns, started, self._fetch(url, self.timeout_s, self.max_bytes)
         except ScrapeError as exc:
             return url, time_ns, started, exc
+        except Exception as exc:  # noqa: BLE001 - whatever an endpoint makes a fetcher raise, the poller goes on
+            return url, time_ns, started, ScrapeError(f"{type(exc).__name__}: {str(exc)[:200]}")
 
     def _take(self, url: str, time_ns: int, started: float, body: bytes | ScrapeError) -> list[dict[str, Any]]:
         try:
@@ -199,9 +194,10 @@ class EnginePoller:
 
     def _record(self, url: str, cur: Reading, time_ns: int, started: float) -> dict[str, Any]:
         prev = self._previous.get((url, cur.engine))
-        self._previous[(url, cur.engine)] = (cur, started)
         dt = started - prev[1] if prev is not None else None
         figures = interval(prev[0] if prev is not None else None, cur, dt)
+        # a series refused at this scrape is kept at its last good value: the next interval rates it from there
+        self._previous[(url, cur.engine)] = (carry(prev[0] if prev is not None else None, cur, dt), started)
         kv = cur.gauges.get(KV_USAGE, cur.gauges.get(KV_USAGE_OLD))  # the new name where both are (0.9.2-0.10.2)
         ttft, queue, itl = figures.histograms[TTFT], figures.histograms[QUEUE_TIME], figures.histograms[ITL]
         p50, p90, p99 = ttft.quantiles  # QUANTILES: 0.5, 0.9, 0.99
@@ -247,6 +243,7 @@ def main(settings: Settings, urls: list[str], *, run_id: str = "", attempt: int 
     run = EngineRun(run_id, attempt, project, pod)
     for url in urls:  # bad arguments fail before a sender exists
         check_url(url)
+    check_keys(list(dict.fromkeys(urls)), pod)
     sender = Sender(settings)
     poller = EnginePoller(urls, sender.offer, settings, run=run, timeout_s=timeout_s, max_bytes=max_bytes)
     sender.start()

@@ -39,7 +39,8 @@ class Clock:
 def poller(urls: list[str], **kwargs) -> tuple[EnginePoller, list[Outgoing], Clock]:
     out: list[Outgoing] = []
     clock = Clock()
-    return EnginePoller(urls, out.append, SETTINGS, run=RUN, clock=clock.ns, monotonic=clock.mono, **kwargs), out, clock
+    kwargs.setdefault("run", RUN)
+    return EnginePoller(urls, out.append, SETTINGS, clock=clock.ns, monotonic=clock.mono, **kwargs), out, clock
 
 
 def by_engine(records: list[dict]) -> dict[str, dict]:
@@ -205,7 +206,8 @@ def test_an_older_vllm_kv_name_is_read(hostile: str) -> None:
 
 def test_hostile_endpoints_publish_nothing_and_each_refusal_is_counted(hostile: str, caplog) -> None:
     paths = ["/big", "/big-unannounced", "/slow", "/redirect", "/latin1", "/garbage", "/missing"]
-    p, out, _ = poller([hostile + path for path in paths], timeout_s=0.5, max_bytes=4096)
+    p, out, _ = poller([hostile + path for path in paths], timeout_s=0.5, max_bytes=4096, run=EngineRun())  # no pod:
+    # one --pod names one rollout server, so it takes one URL
     with caplog.at_level(logging.WARNING):
         assert p.scrape() == [] and p.scrape() == []
     assert out == []
@@ -234,6 +236,10 @@ def test_urls_that_would_leak_or_wander_are_refused() -> None:
                      ("http://h/" + "m" * 2000, "at most 1024")]:
         with pytest.raises(ValueError, match=why):
             check_url(url)
+    for url in ["http://alice:s3cr/et@host/metrics", "http://alice:[s3cr]@host/metrics", "http://host:s3cr/metrics"]:
+        with pytest.raises(ValueError) as refused:  # the message names the URL masked, never urllib's words
+            check_url(url)
+        assert "s3cr" not in str(refused.value) and "***" in str(refused.value), refused.value
     with pytest.raises(ValueError, match="at least one"):
         EnginePoller([], print, SETTINGS)
     with pytest.raises(ValueError, match="run_id is 300 characters"):
