@@ -187,9 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", default="", help="the run the engines serve")
     p.add_argument("--attempt", type=int, default=1)
     p.add_argument("--project", default="")
-    p.add_argument("--pod", default="", help="the rollout server's pod (default: the engine is named by its URL)")
+    p.add_argument("--pod", default="", help="the rollout server's pod, for one --metrics-url (default: the engine is "
+                   "named by its URL, as with several)")
     p.add_argument("--interval", default="5s", help="scrape interval")
-    p.add_argument("--timeout", default="3s", help="time limit of one scrape, connect to last byte")
+    p.add_argument("--timeout", default="3s", help="time limit of one scrape, connect to last byte (TLS, status line, "
+                   "headers and body included); the URLs are scraped at once")
     p.add_argument("--max-bytes", type=int, default=4 * 1024 * 1024, help="a larger response is refused (default 4 MiB)")
     _add_common(p)
     p.set_defaults(func=commands.cmd_engine_poller)
@@ -323,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8421, help="port (default 8421; 0: any free one)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a name (beyond loopback's and the bound address) a request's Host header may give, for a ui "
+                   "bound beyond loopback and reached by a name; repeatable. Any other Host is answered 403 (DNS rebinding)")
     _add_common(p, kafka=False)
     p.set_defaults(func=commands.cmd_ui)
 

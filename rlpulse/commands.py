@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import sys
 
@@ -22,6 +23,14 @@ def settings_of(args: argparse.Namespace) -> Settings:
     )
 
 
+def bound_batches(settings: Settings) -> None:
+    """Bound what this process's Kafka consumers decompress (``rlpulse.schemas.compression``): a
+    record batch over it, or of a codec not accepted, becomes a dead letter instead of a crash."""
+    from rlpulse.schemas.compression import install
+
+    install(settings.kafka_batch_max_bytes, settings.kafka_batch_max_ratio, settings.kafka_batch_codecs)
+
+
 def cmd_services(args: argparse.Namespace) -> int:
     from rlpulse import services
 
@@ -32,6 +41,7 @@ def cmd_streams(args: argparse.Namespace) -> int:
     from rlpulse.streams.app import run_worker
 
     settings = settings_of(args)
+    bound_batches(settings)
     run_worker(settings, loglevel="DEBUG" if args.verbose else "INFO")
     return 0
 
@@ -45,6 +55,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     from rlpulse.sinks.write.sink import serve
 
     settings = settings_of(args)
+    bound_batches(settings)
     ensure_topics(settings)
     with open_store(settings.clickhouse_dsn, owner="rlpulse sink") as store:
         migrate(store, settings.ttl_raw_days, settings.ttl_aggregate_days, cluster=settings.clickhouse_cluster)
@@ -175,6 +186,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     from rlpulse.base.terminal import print_table
 
     settings = settings_of(args)
+    bound_batches(settings)
     if args.action == "replay":
         report = asyncio.run(replay_dead_letters(settings, args.topic, args.reason, args.dry_run))
         print_table(["source", "to", "reason"], [(r["source"], r["to"], r["reason"]) for r in report.replayed])
@@ -200,6 +212,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     from rlpulse.base.settings import parse_duration
 
     settings = settings_of(args)
+    bound_batches(settings)
     # The URL carries its token (Slack, Teams): from the environment it stays out of `ps`.
     webhook = args.webhook or os.environ.get(envvars.ALERTS_WEBHOOK) or None
     asyncio.run(serve_alerts(settings, webhook, args.from_beginning, args.once, group=args.group,
@@ -338,16 +351,21 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from rlpulse.sinks.store.clickhouse import mask_url, open_reader
+    from rlpulse.base.urls import mask_url
+    from rlpulse.sinks.store.clickhouse import open_reader
     from rlpulse.sinks.views.ui_server import UiServer
 
     if not args.verbose:  # a page that cannot read says why itself; the driver's retries would fill the terminal
         for name in ("urllib3", "clickhouse_connect"):
             logging.getLogger(name).setLevel(logging.ERROR)
     dsn = settings_of(args).clickhouse_dsn
+    for name in args.allow_host:  # a Host header names a host, no port, path or user: anything else is a typo
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]", name):
+            raise ValueError(f"--allow-host {name[:80]!r} is not a host name or address (letters, digits, '.', '-', "
+                             "'_'; an IPv6 address in [brackets]; no port)")
     try:  # a token from the environment stays out of `ps` and lets a script open the page
         server = UiServer(lambda: open_reader(dsn, owner="rlpulse ui"), mask_url(dsn), host=args.host, port=args.port,
-                          token=os.environ.get(envvars.UI_TOKEN) or None)
+                          token=os.environ.get(envvars.UI_TOKEN) or None, allowed_hosts=args.allow_host)
     except OSError as exc:
         raise RuntimeError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
                            "choose another port with --port (0: any free one)") from None

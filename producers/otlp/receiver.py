@@ -2,12 +2,14 @@
 or not), written to the OTLP topics as the Collector's kafka exporter writes them. For a laptop
 or one box; where the Collector runs, use it (deploy/otelcol/).
 
-Bounded like the read endpoint: loopback unless told otherwise, and then a bearer token
-(``RLPULSE_OTLP_TOKEN``) checked in constant time before a byte of the body is read; a thread
-per connection up to a cap; an idle timeout; a Content-Length required and at most the request
-limit, and a gzip body inflated no further than it. A request is decoded and translated (to
-check it, nothing kept) before it is written: a bad one is answered 400 with the reason, as the
-ingest would dead-letter it. 200 means the broker has the request.
+Bounded like the read endpoint (``rlpulse.base.bounded_http``): loopback unless told otherwise, and
+then a bearer token (``RLPULSE_OTLP_TOKEN``) checked in constant time before a byte of the body is
+read; a thread per connection up to a cap, and a few more for requests with the token (anything else
+over the cap is answered 503); a request's line, headers and body must arrive within 10 s of its first
+byte, across reads (an exporter's own default timeout); an idle timeout between requests; a
+Content-Length required and at most the request limit, and a gzip body inflated no further than it.
+A request is decoded and translated (to check it, nothing kept) before it is written: a bad one is
+answered 400 with the reason, as the ingest would dead-letter it. 200 means the broker has the request.
 """
 
 from __future__ import annotations
@@ -19,13 +21,12 @@ import logging
 import threading
 import time
 import zlib
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
 from rlpulse.base import env as envvars
-from rlpulse.base.bounded_http import BoundedHTTPServer
+from rlpulse.base.bounded_http import BoundedHandler, BoundedHTTPServer
 from rlpulse.base.settings import Settings
 from rlpulse.producers.otlp.decode import METRICS, TRACES, OtlpLimits, decode, trace_key
 from rlpulse.producers.otlp.identity import OtlpRejected
@@ -44,7 +45,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 5\r\nConnection: close\r\nRetry-After: 1\r\n\r\nbusy\n"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     protocol_version = "HTTP/1.1"
     timeout = IDLE_TIMEOUT_S
     receiver: OtlpReceiver  # set on the subclass made per server
@@ -82,6 +83,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, b"{}" if ctype == "application/json" else b"", content_type=ctype)
         else:
             self._reply(status, (text[:2000] + "\n").encode(errors="replace"))
+
+    def vouched(self) -> bool:  # a reserved slot: the token, or anyone where none is asked (loopback)
+        return self._authenticated()
 
     def _authenticated(self) -> bool:
         token = self.receiver.token
@@ -147,7 +151,9 @@ class OtlpReceiver:
         self.accepted = {TRACES: 0, METRICS: 0}
         self.refused = 0
         handler = type("Handler", (_Handler,), {"receiver": self})
-        self._server = BoundedHTTPServer((host, port), handler, max_connections, _BUSY, "otlp receiver")
+        # Without a token, only this machine's names: a page re-pointed at 127.0.0.1 (DNS rebinding) cannot post spans
+        self._server = BoundedHTTPServer((host, port), handler, max_connections, _BUSY, "otlp receiver",
+                                         check_host=token is None)
         self._loop = asyncio.new_event_loop()
         self._producer: AIOKafkaProducer | None = None
         self._threads: list[threading.Thread] = []

@@ -1,11 +1,14 @@
 """The scrape endpoint: ``GET /metrics`` only, bounded as the sink's read endpoint is.
 
-The standard library's server under ``BoundedHTTPServer``: at most ``MAX_CONNECTIONS`` open
-connections (more are answered 503 at accept), a silent connection is closed after ``IDLE_TIMEOUT``,
-no request body is ever read (a request that announces one has its connection closed after the
-answer). With a token (required off loopback), the ``Authorization: Bearer`` header is compared with
-``hmac.compare_digest`` before anything else: the path, the method, the store. The token is never
-logged; a refused request is one debug line without it.
+The standard library's server under ``BoundedHTTPServer`` (``rlpulse.base.bounded_http``): at most
+``MAX_CONNECTIONS`` open connections for anyone and a few more for requests with the token (anything
+else over the cap is answered 503), a request's line and headers must arrive within 10 s of its first
+byte, a silent connection is closed after ``IDLE_TIMEOUT``, no request body is ever read (a request
+that announces one has its connection closed after the answer). With a token (required off loopback),
+the ``Authorization: Bearer`` header is compared with ``hmac.compare_digest`` before anything else:
+the path, the method, the store. Without one (loopback), a request whose ``Host`` is not loopback's
+(a page of another site re-pointed at 127.0.0.1: DNS rebinding) is refused 403, so a browser cannot
+read the figures for a site. The token is never logged; a refused request is one debug line without it.
 """
 
 from __future__ import annotations
@@ -13,14 +16,13 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from rlpulse.sinks.prometheus.collector import Scraper
-from rlpulse.base.bounded_http import BoundedHTTPServer, ServedServer
+from rlpulse.base.bounded_http import BoundedHandler, BoundedHTTPServer, ServedServer
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ def check_token(host: str, token: str | None, env_name: str) -> str | None:
     return token
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     protocol_version = "HTTP/1.1"
     server_version = "rlpulse-prometheus"
     timeout = IDLE_TIMEOUT
@@ -63,6 +65,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         # the request line holds no token (it travels in a header); still, debug only
         log.debug("prometheus: " + format, *args)
+
+    def vouched(self) -> bool:  # a reserved slot: the token, or anyone where none is asked
+        return self._authorized()
 
     def _authorized(self) -> bool:
         if self.token is None:
@@ -124,7 +129,9 @@ class PrometheusServer(ServedServer):
     def __init__(self, scraper: Scraper, host: str = HOST, port: int = PORT, token: str | None = None,
                  max_connections: int = MAX_CONNECTIONS):
         handler = type("Handler", (_Handler,), {"scraper": scraper, "token": token})
-        self._server = BoundedHTTPServer((host, port), handler, max_connections, _BUSY, "prometheus")
+        # With a token, rebinding gains nothing (a page cannot send it), and Prometheus may name the host as it likes
+        self._server = BoundedHTTPServer((host, port), handler, max_connections, _BUSY, "prometheus",
+                                         check_host=token is None)
         self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
         shown = f"[{self.address[0]}]" if ":" in self.address[0] else self.address[0]
         self.url = f"http://{shown}:{self.address[1]}/metrics"

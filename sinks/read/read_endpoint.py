@@ -23,9 +23,13 @@ end up in shell histories and logs.
 
 Hostile requests: the password is checked on the headers before a byte of the body is
 read; a body is at most MAX_BODY on the wire and once inflated; an invalid Content-Length or chunk
-size is answered 400 and the connection closed; at most ``ReadLimits.max_connections`` connections
-are open (more get 503 at accept); a query_id is never echoed unless it is plain; a bad request is
-one log line. chDB releases the GIL while a query runs, so the sink's inserts go on meanwhile; what a
+size is answered 400 and the connection closed; a request's line, headers and body must arrive within
+10 s of its first byte, across reads (``rlpulse.base.bounded_http``); at most
+``ReadLimits.max_connections`` connections are open for anyone, and a few more for requests that carry
+the password (anything else over the cap gets 503), so slow clients cannot keep the owner out; a
+``Host`` other than loopback's names and addresses is refused (DNS rebinding); a password in the URL
+is masked in the debug log; a query_id is never echoed unless it is plain; a bad request is one log
+line. chDB releases the GIL while a query runs, so the sink's inserts go on meanwhile; what a
 query can take is bounded by :class:`ReadLimits` (time, one thread, memory, result, ``max_concurrent``).
 """
 
@@ -47,13 +51,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from email.parser import BytesParser
 from email.policy import HTTP
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from rlpulse.base.env import READ_PORT
-from rlpulse.base.bounded_http import BoundedHTTPServer
+from rlpulse.base.bounded_http import BoundedHandler, BoundedHTTPServer, mask_secrets
 from rlpulse.sinks.store.endpoint_file import ENDPOINT_FILE, publish, withdraw
 from rlpulse.sinks.read.read_engine import Engine, QueryFailed, ReadLimits
 from rlpulse.base.errors import Error
@@ -100,7 +103,7 @@ _QUERY_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,128}")
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,8}")  # a chunk is at most 4 GiB on paper; MAX_BODY bounds it anyway
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: clients pool their connections
     server_version = "rlpulse-read-endpoint"
     timeout = IDLE_TIMEOUT  # a silent client gives its connection back
@@ -108,7 +111,18 @@ class _Handler(BaseHTTPRequestHandler):
     password: str  # likewise
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        log.debug("read endpoint: " + format, *args)
+        # a password in the URL is refused, and never logged either
+        log.debug("read endpoint: %s", mask_secrets(format % args, ("password",), (self.password,)))
+
+    def vouched(self) -> bool:
+        """The request carries the password: it may take a reserved slot."""
+        return self._authenticated(dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True)))
+
+    def refuse_host(self) -> None:
+        self.close_connection = True
+        self._fail(QueryFailed(497, "Code: 497. DB::Exception: the sink's read endpoint answers requests for this "
+                                    "machine's loopback names and addresses only (the Host header named another). "
+                                    "(ACCESS_DENIED)"))
 
     def do_HEAD(self) -> None:  # noqa: N802
         self._send(200, b"", {"Content-Type": "text/plain; charset=UTF-8"}, head=True)
@@ -284,6 +298,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.send_header("X-ClickHouse-Server-Display-Name", "rlpulse-sink")
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:  # said, so a client's pool does not send its next request on a closed connection
+            self.send_header("Connection", "close")
         self.end_headers()
         if not head:
             self.wfile.write(body)
@@ -309,7 +325,8 @@ class ReadEndpoint:
         self.engine = Engine(str(store_path), limits or ReadLimits())
         self.user, self.password = READ_USER, secrets.token_urlsafe(24)  # never logged: it is in the 0600 file only
         handler = type("Handler", (_Handler,), {"engine": self.engine, "password": self.password})
-        self._server = BoundedHTTPServer((host, port), handler, self.engine.limits.max_connections, _BUSY, "read endpoint")
+        self._server = BoundedHTTPServer((host, port), handler, self.engine.limits.max_connections, _BUSY, "read endpoint",
+                                         check_host=True)
         self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
         self.url = f"http://{self.address[0]}:{self.address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="rlpulse-read-endpoint", daemon=True)

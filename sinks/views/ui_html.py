@@ -1,10 +1,11 @@
 """The frame of every page of ``rlpulse ui``: escaping, links, numbers, the layout and its stylesheet.
 
 Every value from the store (a run id, a span name, a message) is text anyone who can write to a
-topic chose: :func:`text` writes its control characters as visible escapes (a terminal escape
-``\\x1b[2J`` shows as those characters) and then HTML-escapes it with the report's one escaping
-function (``rlpulse.sinks.views.html_escape.esc``); :func:`block` does the same but keeps newlines and
-tabs, for message content shown in ``<pre>``. Links are built with :func:`href` from our own
+topic chose: it goes through the views' one escaping function (``rlpulse.sinks.views.html_escape.esc``),
+which writes its control, bidi and invisible characters as visible escapes (a terminal escape
+``\\x1b[2J`` or a right-to-left override ``\\u202e`` shows as those characters) and then HTML-escapes
+it: :func:`text` is that function with None as nothing, :func:`block` keeps newlines and tabs, for
+message content shown in ``<pre>``. Links are built with :func:`href` from our own
 paths and URL-encoded parameters only, so no value can become a ``javascript:`` URL.
 """
 
@@ -18,7 +19,6 @@ from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlencode
 
-from rlpulse.base.terminal import csv_safe, terminal_safe
 from rlpulse.sinks.views.html_escape import esc
 from rlpulse.sinks.views.compare_css import CSS as COMPARE_CSS
 from rlpulse.sinks.views.trajectory_html import CSS as TRAJECTORY_CSS
@@ -27,13 +27,13 @@ NS = 1_000_000_000
 
 
 def text(value: Any) -> str:
-    """One value as HTML text (or a quoted attribute value), its control characters visible."""
-    return esc(terminal_safe("" if value is None else str(value)))
+    """One value as HTML text (or a quoted attribute value), its control characters visible; None as nothing."""
+    return esc("" if value is None else value)
 
 
 def block(value: Any) -> str:
     """Multi-line text (message content) for a ``<pre>``: newlines and tabs kept, other controls visible."""
-    return esc(csv_safe("" if value is None else str(value)))
+    return esc("" if value is None else value, keep_layout=True)
 
 
 # The page being answered reloads itself every N seconds (``refresh=N``): its links and forms keep that, so a

@@ -1,10 +1,13 @@
 """``rlpulse ui``: a local, read-only web page of the runs, a run, a step's samples and a trajectory.
 
 The server is the standard library's ``ThreadingHTTPServer``, bounded as the sink's read endpoint
-is (``rlpulse.sinks.read.read_endpoint``): at most ``MAX_CONNECTIONS`` open connections (more are
-answered 503 at accept, by the accepting thread), a silent connection is closed after
-``IDLE_TIMEOUT``, a request line over ``MAX_URL`` is refused, a request with a body is refused
-unread (the page only reads: GET and HEAD). Pages are server-rendered HTML with inline SVG charts
+is (``rlpulse.base.bounded_http``): at most ``MAX_CONNECTIONS`` open connections for anyone and a few
+more reserved for requests that carry the token (anything else over the cap is answered 503), a
+request's line and headers must arrive within 10 s of its first byte (a client dripping a byte at a time
+is cut off then), a silent connection is closed after ``IDLE_TIMEOUT``, a request line over ``MAX_URL``
+is refused, a request with a body is refused unread (the page only reads: GET and HEAD). A request
+whose ``Host`` is not this machine's loopback name or address, the bound address or one of
+``allowed_hosts`` is answered 403 before anything else (DNS rebinding). Pages are server-rendered HTML with inline SVG charts
 (``rlpulse.sinks.views.ui_charts``): no script at all, and the Content-Security-Policy says so.
 
 Authentication comes before anything else, as in Jupyter: the server draws a token
@@ -12,7 +15,9 @@ Authentication comes before anything else, as in Jupyter: the server draws a tok
 A request carries it in ``?token=`` (answered with a cookie for this port, HttpOnly and
 SameSite=Strict, and a redirect to the same URL without it, so a shared link never holds it), the
 cookie, or an ``Authorization: token ...`` header; it is compared in constant time. Anything else
-gets 403 and no data. It binds 127.0.0.1 unless told otherwise.
+gets 403 and no data. The redirect goes to a path of this server only (``/\\evil.example/`` goes to
+``/``), and the ``--verbose`` log writes request lines with the token masked. It binds 127.0.0.1 unless
+told otherwise.
 
 Each request reads through ``rlpulse.sinks.store.clickhouse.open_reader``, as ``rlpulse query`` and
 ``rlpulse watch`` do: a chDB store held by the sink is read through the sink's read endpoint, a free
@@ -27,14 +32,13 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from http.cookies import CookieError, SimpleCookie
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from rlpulse.base.bounded_http import BoundedHTTPServer, ServedServer
+from rlpulse.base.bounded_http import BoundedHandler, BoundedHTTPServer, ServedServer, mask_secrets
 from rlpulse.sinks.store.clickhouse import Store
 from rlpulse.sinks.views.ui_html import CSS, REFRESH, error_page, keep_refresh, page
 from rlpulse.sinks.views.ui_routes import REFRESH_MIN, BadParameter, integer, route
@@ -53,14 +57,39 @@ CSP = ("default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
-class _Handler(BaseHTTPRequestHandler):
+def same_origin(path: str) -> str:
+    """``path`` if it is a path of this server (one ``/``, then not ``/`` or ``\\``, which browsers read as another
+    host: ``/\\evil.example/`` is ``//evil.example/``; no control character or space); otherwise ``/``."""
+    if not path.startswith("/") or path[1:2] in ("/", "\\") or any(c <= " " or "\x7f" <= c <= "\x9f" for c in path):
+        return "/"
+    return path
+
+
+class _Handler(BoundedHandler):
     protocol_version = "HTTP/1.1"
     server_version = "rlpulse-ui"
     timeout = IDLE_TIMEOUT
     ui: UiServer  # set on the subclass made per server
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        log.debug("ui: " + format, *args)
+        # the request line may hold ?token=...: masked, in any spelling of the key, and the token anywhere
+        log.debug("ui: %s", mask_secrets(format % args, ("token",), (self.ui.token,)))
+
+    def vouched(self) -> bool:
+        """The request carries the token (URL, cookie or header): it may take a reserved slot."""
+        given = ""
+        if len(self.path) <= MAX_URL:
+            try:
+                given = parse_qs(urlsplit(self.path).query, max_num_fields=MAX_FIELDS).get("token", [""])[0]
+            except ValueError:
+                pass
+        return self._authenticated(given)
+
+    def refuse_host(self) -> None:
+        self.close_connection = True
+        self._send(403, b"403 forbidden: the page answers requests for 127.0.0.1, localhost or the address it is bound "
+                        b"to, or a name it was given (the Host header named another)\n",
+                   "text/plain; charset=utf-8", head=self.command == "HEAD")
 
     def do_GET(self) -> None:  # noqa: N802
         self._serve(head=False)
@@ -110,7 +139,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Content-Length", "0").strip() not in ("", "0") or "Transfer-Encoding" in self.headers:
             self.close_connection = True  # a GET's body is not read: the next request cannot be found after it
         if given:  # the token in the URL: into a cookie, and off the address bar (a link shared later holds none)
-            clean = url.path + ("?" + urlencode([(k, v) for k, vs in query.items() for v in vs]) if query else "")
+            clean = same_origin(url.path) + ("?" + urlencode([(k, v) for k, vs in query.items() for v in vs]) if query else "")
             cookie = f"{self.ui.cookie}={self.ui.token}; Path=/; HttpOnly; SameSite=Strict"
             self._send(303, b"", "text/plain; charset=utf-8", {"Location": clean, "Set-Cookie": cookie}, head)
             return
@@ -172,6 +201,8 @@ class _Handler(BaseHTTPRequestHandler):
                             "X-Frame-Options": "DENY", "Cache-Control": "no-store", **(headers or {})}.items():
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if not head:
             self.wfile.write(body)
@@ -183,12 +214,15 @@ class UiServer(ServedServer):
     thread_name = "rlpulse-ui"
 
     def __init__(self, opener: Callable[[], Store], source: str, host: str = HOST, port: int = 0,
-                 token: str | None = None, max_connections: int = MAX_CONNECTIONS):
+                 token: str | None = None, max_connections: int = MAX_CONNECTIONS, allowed_hosts: Iterable[str] = ()):
+        """``allowed_hosts``: names (beyond loopback's and the bound address) a request's Host may give, for a
+        server bound beyond loopback and reached by a name."""
         self.opener, self.source = opener, source
         self.token = token or secrets.token_urlsafe(32)
         self._reading = threading.Lock()
         handler = type("Handler", (_Handler,), {"ui": self})
-        self._server = BoundedHTTPServer((host, port), handler, max_connections, _BUSY, "ui")
+        self._server = BoundedHTTPServer((host, port), handler, max_connections, _BUSY, "ui", check_host=True,
+                                         allowed_hosts=allowed_hosts)
         self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
         self.cookie = f"rlpulse-ui-{self.address[1]}"  # per port: two pages on one host keep their own tokens
         shown = f"[{self.address[0]}]" if ":" in self.address[0] else self.address[0]

@@ -22,6 +22,7 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
+from rlpulse.base.bounded_http import RESERVE
 from rlpulse.pipeline import Pipeline, lag
 from rlpulse.producers import TrainingTelemetry
 from rlpulse.schemas.catalogue import SINK_TOPICS
@@ -200,7 +201,8 @@ def test_connection_flood_and_slow_queries(sink: Sink) -> None:
     print(f"300 connections opened in {time.monotonic() - started:.2f} s")
     try:
         time.sleep(0.5)
-        assert sink.fds() - fds <= 32 + 4, (fds, sink.fds())  # was one per connection, up to EMFILE
+        # 32 for anyone, the reserve for requests with the password (and as many evicted ones still ending)
+        assert sink.fds() - fds <= 32 + 2 * RESERVE + 4, (fds, sink.fds())  # was one per connection, up to EMFILE
         refused = 0
         for s in flood[40:]:
             try:
@@ -232,6 +234,44 @@ def test_connection_flood_and_slow_queries(sink: Sink) -> None:
     started = time.monotonic()
     status, _, body = sink.get("SELECT 7")
     assert (status, body) == (200, "7\n") and time.monotonic() - started < 2
+
+
+def test_slow_clients_leave_the_owner_served(sink: Sink) -> None:
+    """Issue 33, finding 1: 40 connections (the 32 shared slots and the reserve) sending one header byte every
+    2 s kept the owner's authenticated request at 503. Now it is answered at once (a reserved slot, evicting
+    the oldest slow one there), an anonymous one over the cap gets 503, and each slow one is cut off at the
+    10 s arrival deadline, not kept 30 s per byte."""
+    from tests.slowloris import Drip
+
+    with Drip(sink.address, 32 + RESERVE + 4, every=2.0) as slow:
+        time.sleep(3)
+        for _ in range(3):
+            started = time.monotonic()
+            status, _, body = sink.get("SELECT 1")
+            assert (status, body) == (200, "1\n") and time.monotonic() - started < 2, (status, body)
+        answer, _, closed = sink.raw(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert status_of(answer) == 503 and b"Code: 202." in answer and closed
+        deadline = time.monotonic() + 15
+        while slow.open_count() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert slow.open_count() == 0 and max(c for c in slow.closed_at if c is not None) < 12.5, slow.closed_at
+    status, _, body = sink.get("SELECT 2")
+    assert (status, body) == (200, "2\n")
+
+
+def test_a_foreign_host_is_refused_and_a_password_in_the_url_never_logged(sink: Sink) -> None:
+    """Issue 33, finding 5 (DNS rebinding): a Host that is not this machine's loopback is refused 403 (ACCESS_DENIED)
+    before the password is looked at; loopback's names pass (clickhouse-connect's requests are the other tests')."""
+    for host in (b"evil.example", b"evil.example:8123", b"127.0.0.1.evil.example"):
+        answer, _, _ = sink.raw(b"GET /?query=SELECT%201 HTTP/1.1\r\nHost: " + host + b"\r\n" + sink.auth_line + b"\r\n")
+        assert status_of(answer) == 403 and b"Code: 497." in answer, answer[:300]
+    for host in (b"localhost", b"127.0.0.1:%d" % sink.address[1], b"[::1]:8123"):
+        answer, _, _ = sink.raw(b"GET /?query=SELECT%201 HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n"
+                                + sink.auth_line + b"\r\n")
+        assert status_of(answer) == 200 and answer.endswith(b"\r\n\r\n1\n"), answer[:300]
+    status, _, _ = sink.get("SELECT 1", f"&password={sink.endpoint.password}")
+    assert status == 403
+    assert sink.endpoint.password not in sink.log.read_text()
 
 
 def ingest_seconds(settings: Settings, run_id: str) -> float:
