@@ -54,11 +54,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from rlpulse.schemas.decompress import (_DECODERS, _IDS, CODECS, DEFAULT_MAX_BYTES, DEFAULT_MAX_RATIO, FLOOR,
-                                        BatchRefused, Bound, _mib, decompress)
+from rlpulse.schemas.decompress import (CODEC_IDS, CODECS, DECODERS, DEFAULT_MAX_BYTES, DEFAULT_MAX_RATIO, FLOOR,
+                                        BatchRefused, Bound, decompress, mib)
 
-__all__ = ["CODECS", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_RATIO", "FLOOR", "BatchRefused", "Bound", "BoundedRecords",
-           "decompress", "install", "installed", "marker", "refusal", "uninstall", "_DECODERS", "_mib"]
+__all__ = ["CODECS", "DECODERS", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_RATIO", "FLOOR", "BatchRefused", "Bound",
+           "BoundedRecords", "decompress", "install", "installed", "marker", "mib", "refusal", "uninstall"]
 
 # -- markers: a refused batch's one record -------------------------------------------------------
 _PREFIX = b"\x00rlpulse: compressed batch refused before decompression\n"  # \x00: no Avro, protobuf or JSON
@@ -172,7 +172,7 @@ def _check(batch: Any, view: memoryview) -> Any:
             return batch  # aiokafka says what is wrong with it
         payload = view[at + 4:at + 4 + value_size]
         where = _span(first, last)
-    codec = _IDS.get(codec_id)
+    codec = CODEC_IDS.get(codec_id)
     bound = _bound or Bound()
     try:
         if codec is None:

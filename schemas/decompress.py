@@ -12,7 +12,7 @@ from typing import Any
 from rlpulse.base.errors import Error
 
 CODECS = ("gzip", "snappy", "lz4", "zstd")  # Kafka's record batch codecs, by their producer names
-_IDS = {1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}  # the batch attributes' codec bits
+CODEC_IDS = {1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}  # the batch attributes' codec bits
 FLOOR = 1 << 20  # below this much output a batch is never refused for its ratio
 DEFAULT_MAX_BYTES = 64 << 20
 DEFAULT_MAX_RATIO = 2000.0
@@ -32,7 +32,7 @@ class BatchRefused(Error, ValueError):
         self.reason = reason
 
 
-def _mib(n: int) -> str:
+def mib(n: int) -> str:
     return f"{n / (1 << 20):g} MiB" if n % (1 << 18) == 0 else f"{n:,} bytes"
 
 
@@ -58,14 +58,14 @@ class Bound:
         return min(self.max_bytes, max(FLOOR, int(self.max_ratio * compressed)))
 
     def describe(self) -> str:
-        return (f"bounds: {_mib(self.max_bytes)} a batch, and {self.max_ratio:g}x its compressed size "
-                f"above {_mib(FLOOR)}")
+        return (f"bounds: {mib(self.max_bytes)} a batch, and {self.max_ratio:g}x its compressed size "
+                f"above {mib(FLOOR)}")
 
 
 # -- the decoders --------------------------------------------------------------------------------
 def _over(codec: str, compressed: int, limit: int, bound: Bound, headers: bool) -> BatchRefused:
     return BatchRefused(f"compressed batch over the decompression bound: {codec}, {compressed:,} bytes would inflate "
-                        f"past {_mib(limit)}{' (by its block headers)' if headers else ''} ({bound.describe()})")
+                        f"past {mib(limit)}{' (by its block headers)' if headers else ''} ({bound.describe()})")
 
 
 def _corrupt(codec: str, why: str) -> BatchRefused:
@@ -287,7 +287,7 @@ def _zstd(view: memoryview, limit: int) -> bytearray:
     return out
 
 
-_DECODERS = {"gzip": _gzip, "snappy": _snappy, "lz4": _lz4, "zstd": _zstd}
+DECODERS = {"gzip": _gzip, "snappy": _snappy, "lz4": _lz4, "zstd": _zstd}
 
 
 def decompress(codec: str, payload: Any, bound: Bound) -> bytearray:
@@ -298,7 +298,7 @@ def decompress(codec: str, payload: Any, bound: Bound) -> bytearray:
     view = memoryview(payload).cast("B")
     limit = bound.limit(len(view))
     try:
-        return _DECODERS[codec](view, limit)
+        return DECODERS[codec](view, limit)
     except OverflowError as exc:  # args: (bytes found, True where only the block headers said so)
         raise _over(codec, len(view), limit, bound, len(exc.args) > 1 and exc.args[1]) from None
     except BatchRefused:

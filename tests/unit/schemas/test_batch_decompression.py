@@ -149,7 +149,7 @@ def test_a_bomb_in_each_codec_is_refused_naming_the_codec(codec: str) -> None:
         decompress(codec, bomb, BOUND)
     reason = refused.value.reason
     assert reason.startswith(f"compressed batch over the decompression bound: {codec}, {len(bomb):,} bytes "
-                             f"would inflate past {compression._mib(BOUND.limit(len(bomb)))}"), reason
+                             f"would inflate past {compression.mib(BOUND.limit(len(bomb)))}"), reason
     assert "64 MiB a batch, and 2000x its compressed size above 1 MiB" in reason
 
 
@@ -361,8 +361,8 @@ def test_a_batch_within_the_bound_is_decompressed_once(bounded, monkeypatch) -> 
     from aiokafka.structs import TopicPartition
 
     calls: list[str] = []
-    for codec, decoder in list(compression._DECODERS.items()):
-        monkeypatch.setitem(compression._DECODERS, codec, lambda v, limit, d=decoder, c=codec: calls.append(c) or d(v, limit))
+    for codec, decoder in list(compression.DECODERS.items()):
+        monkeypatch.setitem(compression.DECODERS, codec, lambda v, limit, d=decoder, c=codec: calls.append(c) or d(v, limit))
     raw = b"".join(_batch(codec, [DATA[:50_000], DATA[50_000:]], 2 * i) for i, codec in enumerate(ENCODE))
     records = fetcher.PartitionRecords(TopicPartition("t", 0), fetcher.MemoryRecords(raw), [], 0, None, None, True,
                                        "read_uncommitted")
