@@ -77,51 +77,86 @@ class StepFigures:
         return None
 
     def add(self, span: dict[str, Any]) -> None:
+        self.add_many([span])
+
+    def add_many(self, spans: list[dict[str, Any]]) -> None:
+        """The ROLLOUT spans of one message for this step, in their order (each checked: ``invalid``).
+
+        Every figure comes out as if they were added one at a time (the same sums, bit for bit,
+        the histograms' terms created in the order first seen), in one loop over the spans and
+        one batch add per histogram."""
         self._dicts = None
-        if span["time_ns"] > self.last_ns:
-            self.last_ns = span["time_ns"]
-        reward = float(span["reward"])
-        self.rollouts += 1
-        if span.get("clipped"):
-            self.clipped += 1
-        self.reward_sum += reward
-        self.reward_sumsq += reward * reward
-        self._hist("total", reward)
-        shares = span.get("term_shares")
-        if shares:
-            for term, share in shares.items():
-                if term in self.hist or (len(self.hist) <= MAX_TERMS and len(term) <= MAX_NAME):
-                    self._hist(term, float(share))
+        hist = self.hist
+        if "total" not in hist:
+            hist["total"] = RewardHistogram()
+        rewards: list[float] = []
+        # each histogram's values in the order they come (a term named "total" shares the rewards' list)
+        shares_of: dict[str, list[float]] = {"total": rewards}
+        lengths: list[int] = []
+        last_ns, clipped, total, squares = self.last_ns, 0, self.reward_sum, self.reward_sumsq
+        lo, hi, tokens_sum = self.completion_min, self.completion_max, self.completion_sum
+        samples = self.samples
+        for span in spans:
+            t = span["time_ns"]
+            if t > last_ns:
+                last_ns = t
+            reward = float(span["reward"])
+            if span.get("clipped"):
+                clipped += 1
+            total += reward
+            squares += reward * reward
+            rewards.append(reward)
+            shares = span.get("term_shares")
+            if shares:
+                for term, share in shares.items():
+                    values = shares_of.get(term)
+                    if values is None:
+                        if term not in hist:
+                            if len(hist) > MAX_TERMS or len(term) > MAX_NAME:
+                                self.terms_dropped += 1
+                                continue
+                            hist[term] = RewardHistogram()
+                        values = shares_of[term] = []
+                    values.append(float(share))
+            tokens = span.get("completion_tokens")
+            if tokens is not None:
+                tokens_sum += tokens
+                if lo is None or tokens < lo:
+                    lo = tokens
+                if hi is None or tokens > hi:
+                    hi = tokens
+                lengths.append(tokens)
+            version = span.get("policy_version")
+            if version is not None:
+                stale = span["step"] - version
+                self.stale_n += 1
+                self.stale_sum += stale
+                if self.stale_max is None or stale > self.stale_max:
+                    self.stale_max = stale
+            sample = span.get("sample_id")
+            if sample is not None:
+                group = samples.get(sample)
+                if group is None:
+                    if len(samples) >= MAX_SAMPLES or len(sample) > MAX_NAME:
+                        self.samples_dropped += 1
+                    else:
+                        samples[sample] = [1, reward, reward, reward, reward * reward]
                 else:
-                    self.terms_dropped += 1
-        tokens = span.get("completion_tokens")
-        if tokens is not None:
-            self.completions += 1
-            self.completion_sum += tokens
-            self.completion_min = tokens if self.completion_min is None else min(self.completion_min, tokens)
-            self.completion_max = tokens if self.completion_max is None else max(self.completion_max, tokens)
-            self.lengths.add(tokens)
-        version = span.get("policy_version")
-        if version is not None:
-            stale = span["step"] - version
-            self.stale_n += 1
-            self.stale_sum += stale
-            if self.stale_max is None or stale > self.stale_max:
-                self.stale_max = stale
-        sample = span.get("sample_id")
-        if sample is not None:
-            group = self.samples.get(sample)
-            if group is None:
-                if len(self.samples) >= MAX_SAMPLES or len(sample) > MAX_NAME:
-                    self.samples_dropped += 1
-                else:
-                    self.samples[sample] = [1, reward, reward, reward, reward * reward]
-            else:
-                group[0] += 1
-                group[1] = min(group[1], reward)
-                group[2] = max(group[2], reward)
-                group[3] += reward
-                group[4] += reward * reward
+                    group[0] += 1
+                    if reward < group[1]:
+                        group[1] = reward
+                    if reward > group[2]:
+                        group[2] = reward
+                    group[3] += reward
+                    group[4] += reward * reward
+        self.last_ns, self.rollouts, self.clipped = last_ns, self.rollouts + len(spans), self.clipped + clipped
+        self.reward_sum, self.reward_sumsq = total, squares
+        self.completions += len(lengths)
+        self.completion_sum, self.completion_min, self.completion_max = tokens_sum, lo, hi
+        for term, values in shares_of.items():
+            hist[term].add_many(values)
+        if lengths:
+            self.lengths.add_many(lengths)
         if self.closed:
             self.dirty = True
 
@@ -134,21 +169,14 @@ class StepFigures:
         if self.closed:
             self.dirty = True
 
-    def add_grader(self, span: dict[str, Any]) -> None:
-        """One grader call of the step (a GRADER span naming the step and a term the run keeps)."""
-        term = span["term"]
+    def grader_calls(self, term: str) -> GraderWindow:
+        """The step's grader calls of ``term`` (a term the run keeps), for the GRADER spans naming the step."""
         calls = self.graders.get(term)
         if calls is None:
             calls = self.graders[term] = GraderWindow()
-        calls.add(span)
         if self.closed:
             self.dirty = True
-
-    def _hist(self, term: str, x: float) -> None:
-        h = self.hist.get(term)
-        if h is None:
-            h = self.hist[term] = RewardHistogram()
-        h.add(x)
+        return calls
 
     def to_dict(self) -> dict[str, Any]:
         if self._dicts is None:
@@ -262,21 +290,31 @@ class GraderWindow:
         self._durations_dict: dict[str, Any] | None = None  # as StepFigures keeps its histograms' dicts
 
     def add(self, span: dict[str, Any]) -> None:
+        self.add_many([span])
+
+    def add_many(self, spans: list[dict[str, Any]]) -> None:
+        """The GRADER spans of one message for this window (or step and term), in their order: the
+        same figures as one ``add`` each, in one loop and one batch add of the durations."""
         self._durations_dict = None
-        self.graded += 1
-        self.durations.add(max(span["end_time_ns"] - span["start_time_ns"], 0) / NS)
-        # Another writer's count outside (0, MAX_JUDGE_TOKENS] adds nothing (the raw span keeps it), and
-        # the sums stop at MAX_SUM: a Kafka record must never make a figure that cannot be encoded.
-        tokens = span.get("judge_input_tokens")
-        if tokens is not None and 0 < tokens <= MAX_JUDGE_TOKENS:
-            self.input_tokens = min(self.input_tokens + tokens, MAX_SUM)
-        tokens = span.get("judge_output_tokens")
-        if tokens is not None and 0 < tokens <= MAX_JUDGE_TOKENS:
-            self.output_tokens = min(self.output_tokens + tokens, MAX_SUM)
-        outcome = span.get("outcome") or "ok"
-        if outcome != "ok":
-            cause = outcome if outcome in CAUSES else UNKNOWN_CAUSE
-            self.causes[cause] = self.causes.get(cause, 0) + 1
+        self.graded += len(spans)
+        durations = []
+        input_tokens, output_tokens, causes = self.input_tokens, self.output_tokens, self.causes
+        for span in spans:
+            durations.append(max(span["end_time_ns"] - span["start_time_ns"], 0) / NS)
+            # Another writer's count outside (0, MAX_JUDGE_TOKENS] adds nothing (the raw span keeps it), and
+            # the sums stop at MAX_SUM: a Kafka record must never make a figure that cannot be encoded.
+            tokens = span.get("judge_input_tokens")
+            if tokens is not None and 0 < tokens <= MAX_JUDGE_TOKENS:
+                input_tokens = min(input_tokens + tokens, MAX_SUM)
+            tokens = span.get("judge_output_tokens")
+            if tokens is not None and 0 < tokens <= MAX_JUDGE_TOKENS:
+                output_tokens = min(output_tokens + tokens, MAX_SUM)
+            outcome = span.get("outcome") or "ok"
+            if outcome != "ok":
+                cause = outcome if outcome in CAUSES else UNKNOWN_CAUSE
+                causes[cause] = causes.get(cause, 0) + 1
+        self.input_tokens, self.output_tokens = input_tokens, output_tokens
+        self.durations.add_many(durations)
         if self.closed:
             self.dirty = True
 

@@ -11,7 +11,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 REWARD_BOUNDS: tuple[float, ...] = (0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1, 2, 5)
 REWARD_BUCKETS = len(REWARD_BOUNDS) + 1
@@ -78,6 +78,29 @@ class RewardHistogram:
             self.max = x
         if i == 0:
             self.zeros += 1
+
+    def add_many(self, xs: list[float]) -> None:
+        """``add`` of each of ``xs`` in order (the same sums, bit for bit), in one loop: a message's
+        rewards of one step go in together. Finite values only: the caller checked them (a
+        non-finite one raises, as ``add`` does, before anything is changed)."""
+        if not -math.inf < sum(xs) < math.inf:  # NaN or an infinity anywhere makes the sum so
+            for x in xs:
+                reward_bucket(x)  # raises naming it
+        counts, bounds = self.counts, REWARD_BOUNDS
+        total, sq, lo, hi, zeros = self.sum, self.sumsq, self.min, self.max, self.zeros
+        for x in xs:
+            i = bisect_left(bounds, x)
+            counts[i] += 1
+            total += x
+            sq += x * x
+            if lo is None or x < lo:
+                lo = x
+            if hi is None or x > hi:
+                hi = x
+            if i == 0:
+                zeros += 1
+        self.count += len(xs)
+        self.sum, self.sumsq, self.min, self.max, self.zeros = total, sq, lo, hi, zeros
 
     def merge(self, other: RewardHistogram) -> RewardHistogram:
         """A new histogram holding both sides' rewards; neither side changes."""
@@ -218,6 +241,34 @@ class ExpHistogram:
         elif index > last:
             self.counts.extend([0] * (index - last))
         self.counts[index - self.offset] += 1
+
+    def add_many(self, values: Sequence[float]) -> None:
+        """``add`` of each of ``values`` in order (the same sums and buckets), with the common case, a
+        value inside the populated span, in one loop; any other value goes through ``add``."""
+        counts, offset, scale = self.counts, self.offset, self.scale
+        size = len(counts)
+        cache = _INDEX_CACHE
+        total, lo, hi, n = self.sum, self.min, self.max, 0
+        for value in values:
+            v = float(value)
+            index = cache.get((v, scale)) if v > 0.0 else None
+            rel = -1 if index is None else index - offset
+            if not 0 <= rel < size:
+                # outside the span, zero, new to the cache, negative or not finite: add() decides
+                self.sum, self.min, self.max, self.count = total, lo, hi, self.count + n
+                self.add(value)
+                counts, offset, scale = self.counts, self.offset, self.scale
+                size = len(counts)
+                total, lo, hi, n = self.sum, self.min, self.max, 0
+                continue
+            counts[rel] += 1
+            n += 1
+            total += v
+            if lo is None or v < lo:
+                lo = v
+            if hi is None or v > hi:
+                hi = v
+        self.sum, self.min, self.max, self.count = total, lo, hi, self.count + n
 
     def _rebucket(self, scale: int) -> None:
         """Move the buckets down to ``scale``: bucket i becomes i >> (old scale - scale)."""

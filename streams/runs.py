@@ -139,6 +139,9 @@ class RunProcessor:
         writer: Any = None
         stream, last, latest = "", 0, None
         sparse = False  # a writer numbering by Kafka position (OTLP-born records): jumps are no loss
+        # The message's spans go to their steps and windows together (``Batch``): in the order they
+        # came, so every figure is what one add per span gives, in one loop per accumulator.
+        batch = Batch()
         try:
             for r in records:
                 if r["attempt"] != attempt or r.get("writer_id", "") != writer:
@@ -162,17 +165,18 @@ class RunProcessor:
                 if topic == SPANS_TOPIC:
                     kind = r["kind"]
                     if kind == "GRADER" and r.get("term") is not None:
-                        self._grader(run, r)
+                        self._grader(run, r, batch)
                     elif kind == "ROLLOUT" and r.get("step") is not None:
                         if r.get("status") == "ERROR":  # attempted and failed: in no reward figure
-                            self._failed_rollout(run, r)
+                            self._failed_rollout(run, r, batch)
                         elif r.get("reward") is not None:
-                            self._rollout(run, r)
+                            self._rollout(run, r, batch)
                     elif kind == "CHECKPOINT":
                         out += [self._alert(run, a) for a in checkpoint_rule(AlertBook(run.alerts), r, now_ns)]
                 else:
                     out += self._step_event(run, r, now_ns)
         finally:  # also when a record raised: the marks of those applied before it stay, as they did per record
+            batch.apply()
             self._settle(marks, progress, stream, last, latest, now_ns)
         self.applied += len(records)
         run.seen_ns = now_ns
@@ -195,7 +199,7 @@ class RunProcessor:
                 mark[0] = latest
             mark[1] = now_ns
 
-    def _grader(self, run: Run, span: dict[str, Any]) -> None:
+    def _grader(self, run: Run, span: dict[str, Any], batch: Batch) -> None:
         term = span["term"]
         if term not in run.terms:  # a short list (at most max_terms)
             if len(run.terms) >= self.config.max_terms or len(term) > self.config.max_name:
@@ -205,20 +209,24 @@ class RunProcessor:
         # The step's own figures first: grader calls held until their step completes (the SDK's
         # grader_calls="step") may reach a window already retired, while their step is still open.
         if span.get("step") is not None:
-            figures = self._step_of(run, span, moves_steps=False)
+            figures = self._step_of(run, span, batch, moves_steps=False)
             if figures is not None:
-                figures.add_grader(span)
+                batch.add(figures.grader_calls(term), span)
         start = span["time_ns"] - span["time_ns"] % self.size_ns
-        key = f"{span['attempt']}|{term}|{start}"
-        window = run.windows.get(key)
+        attempt = span["attempt"]
+        window = batch.windows.get((attempt, term, start))
         if window is None:
-            if start <= run.retired_windows.get(str(span["attempt"]), -1):
-                self._late(run, "grader span", key)
-                return
-            window = run.windows[key] = GraderWindow()
-        window.add(span)
+            key = f"{attempt}|{term}|{start}"
+            window = run.windows.get(key)
+            if window is None:
+                if start <= run.retired_windows.get(str(attempt), -1):
+                    self._late(run, "grader span", key)
+                    return
+                window = run.windows[key] = GraderWindow()
+            batch.windows[(attempt, term, start)] = window
+        batch.add(window, span)
 
-    def _rollout(self, run: Run, span: dict[str, Any]) -> None:
+    def _rollout(self, run: Run, span: dict[str, Any], batch: Batch) -> None:
         # The SDK refuses a NaN reward or a negative length at the call; another writer's must
         # neither crash the worker nor half-update a step (checked inline: the hot path).
         reward, shares, tokens = span["reward"], span.get("term_shares"), span.get("completion_tokens")
@@ -227,21 +235,32 @@ class RunProcessor:
             log.warning("rollout of %s (attempt %s, writer %r, sequence %s) skipped: %s (%d skipped for this run)", run.key,
                         span["attempt"], span.get("writer_id"), span.get("sequence_id"), StepFigures.invalid(span), run.rejected)
             return
-        figures = self._step_of(run, span)
+        figures = self._step_of(run, span, batch)
         if figures is not None:
-            figures.add(span)
+            batch.add(figures, span)
 
-    def _failed_rollout(self, run: Run, span: dict[str, Any]) -> None:
-        figures = self._step_of(run, span)
+    def _failed_rollout(self, run: Run, span: dict[str, Any], batch: Batch) -> None:
+        figures = self._step_of(run, span, batch)
         if figures is not None:
             figures.add_failed(span)
 
-    def _step_of(self, run: Run, span: dict[str, Any], moves_steps: bool = True) -> StepFigures | None:
+    def _step_of(self, run: Run, span: dict[str, Any], batch: Batch, moves_steps: bool = True) -> StepFigures | None:
         """The figures of the span's step, opened if new; None (counted late) for a retired step.
 
         ``moves_steps`` False (a grader call): the span says nothing about the run's progress through
         its steps, so it neither ends earlier steps nor raises the attempt's highest step; a grader
-        span naming a far step cannot close the run's open steps early."""
+        span naming a far step cannot close the run's open steps early. Within one message the
+        answer for a (attempt, step, moves_steps) is kept in ``batch``: once a step's rollout has
+        raised the attempt's highest step to it, no later call for that step changes anything."""
+        cached = batch.steps.get((span["attempt"], span["step"], moves_steps))
+        if cached is not None:
+            return cached
+        figures = self._open_step(run, span, moves_steps)
+        if figures is not None:
+            batch.steps[(span["attempt"], span["step"], moves_steps)] = figures
+        return figures
+
+    def _open_step(self, run: Run, span: dict[str, Any], moves_steps: bool) -> StepFigures | None:
         attempt, step = str(span["attempt"]), span["step"]
         key = f"{attempt}|{step}"
         figures = run.steps.get(key)
@@ -486,6 +505,33 @@ class RunProcessor:
         # cost 5% of the worker's time in a backlog with thousands of them.
         log.debug("alert %s %s %s: %s", alert["rule"], alert["state"], alert["key"], alert["summary"])
         return Output(ALERTS_TOPIC, run.key, "Alert", alert)
+
+
+class Batch:
+    """One message's spans, gathered per accumulator (a step's figures, its grader calls of a term,
+    a grader window) in the order they came, and added with one ``add_many`` each when the message
+    is through: each accumulator sees its spans in the same order as one add per span would, and
+    nothing on_records decides reads an accumulator's figures, so every figure is the same. It also
+    keeps the message's lookups of steps and windows (neither is removed before the closing pass)."""
+
+    __slots__ = ("pending", "steps", "windows")
+
+    def __init__(self) -> None:
+        self.pending: dict[Any, list[dict[str, Any]]] = {}  # accumulator (hashed by identity) -> its spans
+        self.steps: dict[tuple[int, int, bool], StepFigures] = {}
+        self.windows: dict[tuple[int, str, int], GraderWindow] = {}
+
+    def add(self, accumulator: StepFigures | GraderWindow, span: dict[str, Any]) -> None:
+        spans = self.pending.get(accumulator)
+        if spans is None:
+            self.pending[accumulator] = [span]
+        else:
+            spans.append(span)
+
+    def apply(self) -> None:
+        pending, self.pending = self.pending, {}
+        for accumulator, spans in pending.items():
+            accumulator.add_many(spans)
 
 
 def often(before: int, after: int) -> bool:
