@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import orjson
+
 from rlpulse.schemas.enums import FAILURE_CAUSES as CAUSES  # grader failure causes (seed 001)
 from rlpulse.streams.histograms import REWARD_BOUNDS, ExpHistogram, RewardHistogram
 
@@ -29,7 +31,7 @@ class StepFigures:
     __slots__ = ("rollouts", "failed", "clipped", "reward_sum", "reward_sumsq", "completions", "completion_sum",
                  "completion_min", "completion_max", "hist", "lengths", "samples", "samples_dropped",
                  "terms_dropped", "end_ns", "last_ns", "closed", "dirty", "stale_n", "stale_sum", "stale_max", "graders",
-                 "_dicts")
+                 "_body")
 
     def __init__(self) -> None:
         self.rollouts = self.clipped = self.completions = self.completion_sum = 0
@@ -50,9 +52,10 @@ class StepFigures:
         self.last_ns = 0  # event time of its latest rollout: when an alert about the step was first seen
         self.closed = False  # emitted as complete (the alert rules have seen it)
         self.dirty = False  # changed since it was emitted
-        # The histograms as plain dicts, kept until the next rollout: a run's state is written
-        # once per message, and most messages leave most of a run's steps unchanged.
-        self._dicts: tuple[dict, dict] | None = None
+        # ``encode``'s JSON of everything but the fields runs.py sets (end, closed, dirty) and the
+        # grader calls, kept until the next rollout: a run's state is written once per message, and
+        # most messages leave most of a run's steps unchanged.
+        self._body: orjson.Fragment | None = None
 
     @staticmethod
     def invalid(span: dict[str, Any]) -> str | None:
@@ -85,7 +88,7 @@ class StepFigures:
         Every figure comes out as if they were added one at a time (the same sums, bit for bit,
         the histograms' terms created in the order first seen), in one loop over the spans and
         one batch add per histogram."""
-        self._dicts = None
+        self._body = None
         hist = self.hist
         if "total" not in hist:
             hist["total"] = RewardHistogram()
@@ -162,7 +165,7 @@ class StepFigures:
 
     def add_failed(self, span: dict[str, Any]) -> None:
         """A rollout that raised or returned a failed status: counted as attempted, kept out of every reward figure."""
-        self._dicts = None
+        self._body = None
         if span["time_ns"] > self.last_ns:
             self.last_ns = span["time_ns"]
         self.failed += 1
@@ -179,17 +182,43 @@ class StepFigures:
         return calls
 
     def to_dict(self) -> dict[str, Any]:
-        if self._dicts is None:
-            self._dicts = ({t: h.to_dict() for t, h in self.hist.items()}, self.lengths.to_dict())
-        hist, lengths = self._dicts
         return {"rollouts": self.rollouts, "failed": self.failed, "clipped": self.clipped, "reward_sum": self.reward_sum,
                 "reward_sumsq": self.reward_sumsq, "completions": self.completions, "completion_sum": self.completion_sum,
                 "completion_min": self.completion_min, "completion_max": self.completion_max,
-                "hist": hist, "lengths": lengths,
+                "hist": {t: h.to_dict() for t, h in self.hist.items()}, "lengths": self.lengths.to_dict(),
                 "samples": self.samples, "samples_dropped": self.samples_dropped, "terms_dropped": self.terms_dropped,
                 "end_ns": self.end_ns, "last_ns": self.last_ns, "closed": self.closed, "dirty": self.dirty,
                 "stale": [self.stale_n, self.stale_sum, self.stale_max],
                 "graders": {t: w.to_dict() for t, w in self.graders.items()}}
+
+    def encode(self) -> list[Any]:
+        """The state as a run's changelog carries it (``to_dict``'s values in lists, no key names;
+        ``decode`` reads it back): about half the bytes, and a step no rollout changed since the
+        last write costs a copy of its bytes."""
+        if self._body is None:
+            self._body = orjson.Fragment(orjson.dumps([
+                self.rollouts, self.failed, self.clipped, self.reward_sum, self.reward_sumsq, self.completions,
+                self.completion_sum, self.completion_min, self.completion_max,
+                {t: h.encode() for t, h in self.hist.items()}, self.lengths.encode(), self.samples,
+                self.samples_dropped, self.terms_dropped, self.last_ns, self.stale_n, self.stale_sum, self.stale_max]))
+        return [self._body, self.end_ns, self.closed, self.dirty, {t: w.encode() for t, w in self.graders.items()}]
+
+    @classmethod
+    def decode(cls, v: list[Any] | dict[str, Any]) -> StepFigures:
+        """``encode``'s list back (or ``to_dict``'s dict, as state written before the list was)."""
+        if isinstance(v, dict):
+            return cls.from_dict(v)
+        body, end_ns, closed, dirty, graders = v
+        f = cls()
+        (f.rollouts, f.failed, f.clipped, f.reward_sum, f.reward_sumsq, f.completions, f.completion_sum,
+         f.completion_min, f.completion_max, hist, lengths, samples, f.samples_dropped, f.terms_dropped, f.last_ns,
+         f.stale_n, f.stale_sum, f.stale_max) = body
+        f.hist = {t: RewardHistogram.decode(h) for t, h in hist.items()}
+        f.lengths = ExpHistogram.decode(lengths)
+        f.samples = {k: list(g) for k, g in samples.items()}
+        f.end_ns, f.closed, f.dirty = end_ns, closed, dirty
+        f.graders = {t: GraderWindow.decode(w) for t, w in graders.items()}
+        return f
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepFigures:
@@ -278,7 +307,7 @@ def _std(n: int, s: float, sq: float) -> float:
 class GraderWindow:
     """Grader outcomes of one (attempt, term) in one tumbling event-time window."""
 
-    __slots__ = ("graded", "causes", "durations", "input_tokens", "output_tokens", "closed", "dirty", "_durations_dict")
+    __slots__ = ("graded", "causes", "durations", "input_tokens", "output_tokens", "closed", "dirty", "_body")
 
     def __init__(self) -> None:
         self.graded = 0
@@ -287,7 +316,7 @@ class GraderWindow:
         self.durations = ExpHistogram()
         self.closed = False
         self.dirty = False
-        self._durations_dict: dict[str, Any] | None = None  # as StepFigures keeps its histograms' dicts
+        self._body: orjson.Fragment | None = None  # as StepFigures keeps its own
 
     def add(self, span: dict[str, Any]) -> None:
         self.add_many([span])
@@ -295,7 +324,7 @@ class GraderWindow:
     def add_many(self, spans: list[dict[str, Any]]) -> None:
         """The GRADER spans of one message for this window (or step and term), in their order: the
         same figures as one ``add`` each, in one loop and one batch add of the durations."""
-        self._durations_dict = None
+        self._body = None
         self.graded += len(spans)
         durations = []
         input_tokens, output_tokens, causes = self.input_tokens, self.output_tokens, self.causes
@@ -323,10 +352,24 @@ class GraderWindow:
         return sum(self.causes.values())
 
     def to_dict(self) -> dict[str, Any]:
-        if self._durations_dict is None:
-            self._durations_dict = self.durations.to_dict()
-        return {"graded": self.graded, "causes": dict(self.causes), "durations": self._durations_dict,
+        return {"graded": self.graded, "causes": dict(self.causes), "durations": self.durations.to_dict(),
                 "tokens": [self.input_tokens, self.output_tokens], "closed": self.closed, "dirty": self.dirty}
+
+    def encode(self) -> list[Any]:
+        """As :meth:`StepFigures.encode`: ``to_dict``'s values in a list; ``decode`` reads it back."""
+        if self._body is None:
+            self._body = orjson.Fragment(orjson.dumps([self.graded, self.causes, self.durations.encode(),
+                                                       self.input_tokens, self.output_tokens]))
+        return [self._body, self.closed, self.dirty]
+
+    @classmethod
+    def decode(cls, v: list[Any] | dict[str, Any]) -> GraderWindow:
+        """``encode``'s list back (or ``to_dict``'s dict, as state written before the list was)."""
+        if isinstance(v, dict):
+            return cls.from_dict(v)
+        (graded, causes, durations, input_tokens, output_tokens), closed, dirty = v
+        return cls.from_dict({"graded": graded, "causes": causes, "durations": ExpHistogram.decode(durations).to_dict(),
+                              "tokens": [input_tokens, output_tokens], "closed": closed, "dirty": dirty})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GraderWindow:

@@ -140,6 +140,19 @@ class RewardHistogram:
                    max=d["max"], zeros=int(d["zeros"]),
                    sumsq=float(d.get("sumsq", 0.0)))  # absent from state written before it existed
 
+    def encode(self) -> list[Any]:
+        """The state as a run's changelog carries it: ``to_dict``'s values in a list (no key names)."""
+        return [self.counts, self.count, self.sum, self.min, self.max, self.zeros, self.sumsq]
+
+    @classmethod
+    def decode(cls, v: list[Any] | dict[str, Any]) -> RewardHistogram:
+        """``encode``'s list back (or ``to_dict``'s dict, as state written before the list was)."""
+        if isinstance(v, dict):
+            return cls.from_dict(v)
+        counts, count, total, lo, hi, zeros, sumsq = v
+        return cls.from_dict({"counts": counts, "count": count, "sum": total, "min": lo, "max": hi, "zeros": zeros,
+                              "sumsq": sumsq})
+
 
 def exp_index(value: float, scale: int) -> int:
     """Index of the OpenTelemetry base-2 exponential bucket holding ``value`` > 0.
@@ -341,3 +354,35 @@ class ExpHistogram:
         return cls(scale=int(d["scale"]), zero_count=int(d["zero_count"]), offset=int(d["offset"]),
                    counts=[int(c) for c in d["counts"]], count=int(d["count"]), sum=float(d["sum"]),
                    min=d["min"], max=d["max"], max_size=int(d.get("max_size", MAX_SIZE)))
+
+    def encode(self) -> list[Any]:
+        """The state as a run's changelog carries it: ``to_dict``'s values in a list, a run of zero
+        counts written as minus its length (a length histogram is mostly empty buckets)."""
+        counts: list[int] = []
+        zeros = 0
+        for c in self.counts:
+            if c:
+                if zeros:
+                    counts.append(-zeros if zeros > 1 else 0)
+                    zeros = 0
+                counts.append(c)
+            else:
+                zeros += 1
+        out = [self.scale, self.zero_count, self.offset, counts, self.count, self.sum, self.min, self.max]
+        if self.max_size != MAX_SIZE:
+            out.append(self.max_size)
+        return out
+
+    @classmethod
+    def decode(cls, v: list[Any] | dict[str, Any]) -> ExpHistogram:
+        """``encode``'s list back (or ``to_dict``'s dict, as state written before the list was)."""
+        if isinstance(v, dict):
+            return cls.from_dict(v)
+        counts: list[int] = []
+        for c in v[3]:
+            if c < 0:
+                counts += [0] * -c
+            else:
+                counts.append(c)
+        return cls.from_dict({"scale": v[0], "zero_count": v[1], "offset": v[2], "counts": counts, "count": v[4],
+                              "sum": v[5], "min": v[6], "max": v[7], "max_size": v[8] if len(v) > 8 else MAX_SIZE})

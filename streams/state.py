@@ -1,7 +1,9 @@
 """The state of one run, as the run processor keeps it: one Faust table entry per run.
 
-It travels through the table's changelog as plain JSON types (``to_dict`` / ``from_dict``);
-fields added later are read with a default, so state written by an older worker restores.
+It travels through the table's changelog as JSON (``to_dict`` / ``from_dict``); the steps and
+windows, most of its bytes, as positional lists (``StepFigures.encode`` / ``decode``), each kept
+serialized until it changes. Fields added later are read with a default, and the dicts an older
+worker wrote for steps and windows are read as they are, so state written by an older worker restores.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ class Run:
     def to_dict(self) -> dict[str, Any]:
         return {"project": self.project, "run_id": self.run_id, "partition": self.partition, "marks": self.marks,
                 "progress": self.progress, "seen_ns": self.seen_ns,
-                "windows": {k: w.to_dict() for k, w in self.windows.items()},
-                "steps": {k: s.to_dict() for k, s in self.steps.items()}, "step_ends": self.step_ends,
+                "windows": {k: w.encode() for k, w in self.windows.items()},
+                "steps": {k: s.encode() for k, s in self.steps.items()}, "step_ends": self.step_ends,
                 "max_step": self.max_step, "retired_steps": self.retired_steps,
                 "retired_windows": self.retired_windows, "stalls": self.stalls, "rules": self.rules, "alerts": self.alerts,
                 "ended": self.ended, "finished": self.finished, "latest_attempt": self.latest_attempt,
@@ -58,8 +60,8 @@ class Run:
         run = cls(d["project"], d["run_id"], d["partition"])
         run.marks, run.seen_ns = dict(d["marks"]), d["seen_ns"]
         run.progress = {k: list(v) for k, v in d["progress"].items()}
-        run.windows = {k: GraderWindow.from_dict(w) for k, w in d["windows"].items()}
-        run.steps = {k: StepFigures.from_dict(s) for k, s in d["steps"].items()}
+        run.windows = {k: GraderWindow.decode(w) for k, w in d["windows"].items()}
+        run.steps = {k: StepFigures.decode(s) for k, s in d["steps"].items()}
         run.step_ends, run.max_step = dict(d["step_ends"]), dict(d["max_step"])
         run.retired_steps, run.retired_windows = dict(d["retired_steps"]), dict(d["retired_windows"])
         run.stalls, run.rules, run.alerts = dict(d["stalls"]), dict(d["rules"]), dict(d["alerts"])

@@ -51,7 +51,7 @@ def run(split: bool, config: WorkloadConfig) -> list:
     """Every output of the workload, with each span container either whole or one span per message."""
     stage = RunStage(RunProcessor(RunConfig(window_s=10, lateness_s=100_000, idle_s=4), resumed_ns=NOW), {})
     out = []
-    for i, m in enumerate(messages(config, NOW)):
+    for m in messages(config, NOW):
         if m.short == "hardware":
             continue
         for records in ([[r] for r in m.records] if split and m.short == "spans" else [m.records]):

@@ -14,6 +14,7 @@ import pytest
 
 from rlpulse.streams.runs import RunConfig
 from rlpulse.streams.stage import load_state
+from rlpulse.streams.state import Run
 from rlpulse.streams.testing import NS, Harness
 
 pytestmark = pytest.mark.full
@@ -134,7 +135,7 @@ def test_hostile_grader_spans_neither_crash_nor_move_the_run() -> None:
         {**IDENT, "time_ns": t + 2 * NS, "kind": "ROLLOUT", "step": 0, "rollout_id": "a", "reward": 0.5,
          "term_shares": {"judge": 0.5}, "sequence_id": 5}])
     [run] = h.table.values()
-    assert load_state(run)["steps"]["1|0"]["end_ns"] is None  # step 0 is still open: step 9's grader did not end it
+    assert Run.from_dict(load_state(run)).steps["1|0"].end_ns is None  # step 0 is still open: step 9's grader did not end it
     h.feed("steps", [{**IDENT, "time_ns": t + 9 * NS, "type": "RUN_END", "trainer": "rl", "step": 0, "step_count": 1,
                       "sequence_id": 1, "spans_sent": 5}])
     h.advance(10)
