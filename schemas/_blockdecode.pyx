@@ -8,13 +8,16 @@ the reader schema (no resolution needed) and the block is uncompressed; ``schema
 back to fastavro otherwise, and when this extension is not built.
 """
 
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 include "_avroops.pxi"  # the OP_* codes, shared with the other block module
 
 
 class BlockDecodeError(ValueError):
     pass
+
+
+DEF LAST = 64  # a string field's value up to this many bytes is kept to be compared with the next
 
 
 cdef class Node:
@@ -24,6 +27,13 @@ cdef class Node:
     cdef public list names
     cdef public list keep
     cdef public int size
+    # A string field's last value, its bytes and its str: the next record's same bytes get the same
+    # str, not a new one (a container's records of one run repeat project, run_id, writer_id, term,
+    # outcome ... record after record). Each field has its own node (compile_schema makes one per
+    # occurrence), so the comparison is with the same field of the record before.
+    cdef object last_str
+    cdef Py_ssize_t last_len
+    cdef unsigned char last_raw[LAST]
 
 
 _PRIMITIVE = {"null": OP_NULL, "boolean": OP_BOOL, "int": OP_INT, "long": OP_LONG, "float": OP_FLOAT,
@@ -118,7 +128,17 @@ cdef object read(Node n, const unsigned char[:] buf, Py_ssize_t* pos):
     if op == OP_STRING:
         length = read_long(buf, pos)
         p = take(buf, pos, length)
-        return (<const char*>&buf[0])[p:p + length].decode("utf-8") if length else ""
+        if length == 0:
+            return ""
+        if length > LAST:
+            return (<const char*>&buf[0])[p:p + length].decode("utf-8")
+        if length == n.last_len and memcmp(n.last_raw, &buf[p], length) == 0:
+            return n.last_str
+        text = (<const char*>&buf[0])[p:p + length].decode("utf-8")  # raises for bad UTF-8: nothing kept
+        memcpy(n.last_raw, &buf[p], length)
+        n.last_len = length
+        n.last_str = text
+        return text
     if op == OP_UNION:
         i = read_long(buf, pos)
         if i < 0 or i >= len(n.children):

@@ -120,6 +120,8 @@ class AlertBook:
 
     def resolve(self, rule: str, key: str, *, now_ns: int, value: float, summary: str) -> dict | None:
         """The RESOLVED record (same ``first_seen_ns``, ``last_seen_ns`` = now) if firing, else None."""
+        if not self.state:  # nothing open, the usual case: every closed window and step asks
+            return None
         book_key = self._key(rule, key)
         current = self.state.get(book_key)
         if current is None:

@@ -319,30 +319,39 @@ class GraderWindow:
         self._body: orjson.Fragment | None = None  # as StepFigures keeps its own
 
     def add(self, span: dict[str, Any]) -> None:
-        self.add_many([span])
+        self.add_many([self.call_of(span)])
 
-    def add_many(self, spans: list[dict[str, Any]]) -> None:
-        """The GRADER spans of one message for this window (or step and term), in their order: the
-        same figures as one ``add`` each, in one loop and one batch add of the durations."""
+    @staticmethod
+    def call_of(span: dict[str, Any]) -> tuple[float, int, int, str | None]:
+        """What a GRADER span adds to a window: (duration in s, judge input tokens, output tokens,
+        failure cause or None), worked out once for the window and the step that both take it."""
+        # Another writer's count outside (0, MAX_JUDGE_TOKENS] adds nothing (the raw span keeps it).
+        tokens_in = span.get("judge_input_tokens")
+        tokens_out = span.get("judge_output_tokens")
+        outcome = span.get("outcome") or "ok"
+        return (max(span["end_time_ns"] - span["start_time_ns"], 0) / NS,
+                tokens_in if tokens_in is not None and 0 < tokens_in <= MAX_JUDGE_TOKENS else 0,
+                tokens_out if tokens_out is not None and 0 < tokens_out <= MAX_JUDGE_TOKENS else 0,
+                None if outcome == "ok" else outcome if outcome in CAUSES else UNKNOWN_CAUSE)
+
+    def add_many(self, calls: list[tuple[float, int, int, str | None]]) -> None:
+        """The grader calls (``call_of``) of one message for this window, or step and term, in their
+        order: the same figures as one ``add`` each, in one loop and one batch add of the durations."""
         self._body = None
-        self.graded += len(spans)
+        self.graded += len(calls)
         durations = []
-        input_tokens, output_tokens, causes = self.input_tokens, self.output_tokens, self.causes
-        for span in spans:
-            durations.append(max(span["end_time_ns"] - span["start_time_ns"], 0) / NS)
-            # Another writer's count outside (0, MAX_JUDGE_TOKENS] adds nothing (the raw span keeps it), and
-            # the sums stop at MAX_SUM: a Kafka record must never make a figure that cannot be encoded.
-            tokens = span.get("judge_input_tokens")
-            if tokens is not None and 0 < tokens <= MAX_JUDGE_TOKENS:
-                input_tokens = min(input_tokens + tokens, MAX_SUM)
-            tokens = span.get("judge_output_tokens")
-            if tokens is not None and 0 < tokens <= MAX_JUDGE_TOKENS:
-                output_tokens = min(output_tokens + tokens, MAX_SUM)
-            outcome = span.get("outcome") or "ok"
-            if outcome != "ok":
-                cause = outcome if outcome in CAUSES else UNKNOWN_CAUSE
+        tokens_in = tokens_out = 0
+        causes = self.causes
+        for duration, n_in, n_out, cause in calls:
+            durations.append(duration)
+            tokens_in += n_in
+            tokens_out += n_out
+            if cause is not None:
                 causes[cause] = causes.get(cause, 0) + 1
-        self.input_tokens, self.output_tokens = input_tokens, output_tokens
+        # The sums stop at MAX_SUM (a Kafka record must never make a figure that cannot be encoded):
+        # with counts >= 0, capping once is capping after each.
+        self.input_tokens = min(self.input_tokens + tokens_in, MAX_SUM)
+        self.output_tokens = min(self.output_tokens + tokens_out, MAX_SUM)
         self.durations.add_many(durations)
         if self.closed:
             self.dirty = True

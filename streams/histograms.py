@@ -256,32 +256,59 @@ class ExpHistogram:
         self.counts[index - self.offset] += 1
 
     def add_many(self, values: Sequence[float]) -> None:
-        """``add`` of each of ``values`` in order (the same sums and buckets), with the common case, a
-        value inside the populated span, in one loop; any other value goes through ``add``."""
-        counts, offset, scale = self.counts, self.offset, self.scale
-        size = len(counts)
-        cache = _INDEX_CACHE
-        total, lo, hi, n = self.sum, self.min, self.max, 0
-        for value in values:
-            v = float(value)
-            index = cache.get((v, scale)) if v > 0.0 else None
-            rel = -1 if index is None else index - offset
-            if not 0 <= rel < size:
-                # outside the span, zero, new to the cache, negative or not finite: add() decides
-                self.sum, self.min, self.max, self.count = total, lo, hi, self.count + n
-                self.add(value)
-                counts, offset, scale = self.counts, self.offset, self.scale
-                size = len(counts)
-                total, lo, hi, n = self.sum, self.min, self.max, 0
-                continue
-            counts[rel] += 1
-            n += 1
+        """``add`` of each of ``values`` in order: the same sum (added in order), the same buckets.
+
+        The scale is lowered once, to the one the whole batch needs (``add`` one at a time would
+        lower it step by step as the span grows): the final scale depends only on the populated
+        span, and an index computed at a lower scale is the higher scale's index shifted
+        (``exp_index`` multiplies the log by a power of two, which is exact), so every value lands
+        in the bucket it would have. A value ``add`` refuses (negative, not finite) sends the
+        batch through ``add`` one by one, so it raises at that value, as ``add`` would."""
+        vs = [float(v) for v in values]
+        if not vs:
+            return
+        if not (sum(vs) < math.inf and min(vs) >= 0.0):  # a NaN or an infinity makes the sum one
+            for v in values:
+                self.add(v)
+            return
+        positive = [v for v in vs if v != 0.0]
+        lo_v, hi_v = (min(positive), max(positive)) if positive else (0.0, 0.0)
+        total, lo, hi = self.sum, self.min, self.max
+        for v in vs:
             total += v
             if lo is None or v < lo:
                 lo = v
             if hi is None or v > hi:
                 hi = v
-        self.sum, self.min, self.max, self.count = total, lo, hi, self.count + n
+        self.sum, self.min, self.max = total, lo, hi
+        self.count += len(vs)
+        self.zero_count += len(vs) - len(positive)
+        if not positive:
+            return
+        scale = self.scale
+        first, last = _cached_index(lo_v, scale), _cached_index(hi_v, scale)
+        if self.counts:
+            first, last = min(first, self.offset), max(last, self.offset + len(self.counts) - 1)
+        k = _downscale_needed(first, last, self.max_size)
+        if k:
+            if self.counts:
+                self._rebucket(scale - k)
+            else:
+                self.scale = scale - k
+            scale, first, last = scale - k, first >> k, last >> k
+        if not self.counts:
+            self.offset, self.counts = first, [0] * (last - first + 1)
+        elif first < self.offset or last > self.offset + len(self.counts) - 1:
+            end = self.offset + len(self.counts) - 1
+            self.counts = [0] * (self.offset - first) + self.counts + [0] * (last - end)
+            self.offset = first
+        counts, offset = self.counts, self.offset
+        cache = _INDEX_CACHE
+        for v in positive:
+            index = cache.get((v, scale))
+            if index is None:
+                index = _cached_index(v, scale)
+            counts[index - offset] += 1
 
     def _rebucket(self, scale: int) -> None:
         """Move the buckets down to ``scale``: bucket i becomes i >> (old scale - scale)."""

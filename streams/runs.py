@@ -208,10 +208,11 @@ class RunProcessor:
             run.terms.append(term)
         # The step's own figures first: grader calls held until their step completes (the SDK's
         # grader_calls="step") may reach a window already retired, while their step is still open.
+        call = GraderWindow.call_of(span)
         if span.get("step") is not None:
             figures = self._step_of(run, span, batch, moves_steps=False)
             if figures is not None:
-                batch.add(figures.grader_calls(term), span)
+                batch.add(figures.grader_calls(term), call)
         start = span["time_ns"] - span["time_ns"] % self.size_ns
         attempt = span["attempt"]
         window = batch.windows.get((attempt, term, start))
@@ -224,7 +225,7 @@ class RunProcessor:
                     return
                 window = run.windows[key] = GraderWindow()
             batch.windows[(attempt, term, start)] = window
-        batch.add(window, span)
+        batch.add(window, call)
 
     def _rollout(self, run: Run, span: dict[str, Any], batch: Batch) -> None:
         # The SDK refuses a NaN reward or a negative length at the call; another writer's must
@@ -517,21 +518,22 @@ class Batch:
     __slots__ = ("pending", "steps", "windows")
 
     def __init__(self) -> None:
-        self.pending: dict[Any, list[dict[str, Any]]] = {}  # accumulator (hashed by identity) -> its spans
+        self.pending: dict[Any, list[Any]] = {}  # accumulator (hashed by identity) -> its spans or calls
         self.steps: dict[tuple[int, int, bool], StepFigures] = {}
         self.windows: dict[tuple[int, str, int], GraderWindow] = {}
 
-    def add(self, accumulator: StepFigures | GraderWindow, span: dict[str, Any]) -> None:
-        spans = self.pending.get(accumulator)
-        if spans is None:
-            self.pending[accumulator] = [span]
+    def add(self, accumulator: StepFigures | GraderWindow, item: Any) -> None:
+        """``item``: a ROLLOUT span for a step's figures, a grader call (``GraderWindow.call_of``) for a window."""
+        items = self.pending.get(accumulator)
+        if items is None:
+            self.pending[accumulator] = [item]
         else:
-            spans.append(span)
+            items.append(item)
 
     def apply(self) -> None:
         pending, self.pending = self.pending, {}
-        for accumulator, spans in pending.items():
-            accumulator.add_many(spans)
+        for accumulator, items in pending.items():
+            accumulator.add_many(items)
 
 
 def often(before: int, after: int) -> bool:

@@ -65,3 +65,17 @@ def run(split: bool, config: WorkloadConfig) -> list:
 def test_a_whole_message_gives_the_figures_of_one_span_per_message(config: WorkloadConfig) -> None:
     whole = run(False, config)
     assert len(whole) > 100 and whole == run(True, config)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -2.0])
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_a_value_add_refuses_anywhere_in_a_batch_raises_after_the_ones_before_it(bad: float, at: int) -> None:
+    values = [5.0, 9.0, 700.0]
+    values.insert(at, bad)
+    h = ExpHistogram()
+    with pytest.raises(ValueError):
+        h.add_many(values)
+    one = ExpHistogram()
+    for v in values[:at]:
+        one.add(v)
+    assert h == one
