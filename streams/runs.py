@@ -39,6 +39,7 @@ from rlpulse.schemas.catalogue import (ALERTS_TOPIC, GRADER_FAILURES_TOPIC, GRAD
 from rlpulse.base.settings import AlertThresholds
 from rlpulse.streams.alerting import (RUN_SCOPED, AlertBook, checkpoint_rule, end_attempt, forget_run, grader_failure_rate,
                                       step_rules)
+from rlpulse.streams.batch import Batch, step_order, window_order, window_parts
 from rlpulse.streams.figures import MAX_NAME, MAX_TERMS, NS, GraderWindow, StepFigures
 from rlpulse.streams.stall import StallDetector
 from rlpulse.streams.state import Run
@@ -140,8 +141,12 @@ class RunProcessor:
         stream, last, latest = "", 0, None
         sparse = False  # a writer numbering by Kafka position (OTLP-born records): jumps are no loss
         # The message's spans go to their steps and windows together (``Batch``): in the order they
-        # came, so every figure is what one add per span gives, in one loop per accumulator.
+        # came, so every figure is what one add per span gives, in one loop per accumulator. A span
+        # whose step or window this message has already found is appended to its list here; the
+        # first, or any other, goes through _grader / _rollout, which find it and say why not.
         batch = Batch()
+        rollouts, graders, size, call_of = batch.rollouts, batch.graders, self.size_ns, GraderWindow.call_of
+        spans = topic == SPANS_TOPIC
         try:
             for r in records:
                 if r["attempt"] != attempt or r.get("writer_id", "") != writer:
@@ -162,15 +167,32 @@ class RunProcessor:
                 t = r["time_ns"]
                 if latest is None or t > latest:
                     latest = t
-                if topic == SPANS_TOPIC:
+                if spans:
                     kind = r["kind"]
-                    if kind == "GRADER" and r.get("term") is not None:
-                        self._grader(run, r, batch)
-                    elif kind == "ROLLOUT" and r.get("step") is not None:
-                        if r.get("status") == "ERROR":  # attempted and failed: in no reward figure
+                    if kind == "GRADER":
+                        term = r.get("term")
+                        if term is not None:
+                            lists = graders.get((attempt, r.get("step"), term, t - t % size))
+                            if lists is None:
+                                self._grader(run, r, batch)
+                            else:
+                                call = call_of(r)
+                                for items in lists:
+                                    items.append(call)
+                    elif kind == "ROLLOUT":
+                        step = r.get("step")
+                        if step is None:
+                            pass
+                        elif r.get("status") == "ERROR":  # attempted and failed: in no reward figure
                             self._failed_rollout(run, r, batch)
                         elif r.get("reward") is not None:
-                            self._rollout(run, r, batch)
+                            found = rollouts.get((attempt, step))
+                            reward, shares, tokens = r["reward"], r.get("term_shares"), r.get("completion_tokens")
+                            if found is not None and -INF < reward < INF and (
+                                    not shares or -INF < sum(shares.values()) < INF) and (tokens is None or tokens >= 0):
+                                found.append(r)
+                            else:
+                                self._rollout(run, r, batch)
                     elif kind == "CHECKPOINT":
                         out += [self._alert(run, a) for a in checkpoint_rule(AlertBook(run.alerts), r, now_ns)]
                 else:
@@ -200,32 +222,44 @@ class RunProcessor:
             mark[1] = now_ns
 
     def _grader(self, run: Run, span: dict[str, Any], batch: Batch) -> None:
+        """A grader call to its step's calls of the term and to its window, each found or opened;
+        once both are found (neither late), the next calls of the message with the same step,
+        term and window go to them from on_records directly."""
         term = span["term"]
         if term not in run.terms:  # a short list (at most max_terms)
             if len(run.terms) >= self.config.max_terms or len(term) > self.config.max_name:
                 self._refuse_term(run, term)
                 return
             run.terms.append(term)
+        call = GraderWindow.call_of(span)
+        lists = []
+        step_found = True
         # The step's own figures first: grader calls held until their step completes (the SDK's
         # grader_calls="step") may reach a window already retired, while their step is still open.
-        call = GraderWindow.call_of(span)
         if span.get("step") is not None:
             figures = self._step_of(run, span, batch, moves_steps=False)
             if figures is not None:
-                batch.add(figures.grader_calls(term), call)
+                lists.append(batch.items(figures.grader_calls(term)))
+            step_found = figures is not None
         start = span["time_ns"] - span["time_ns"] % self.size_ns
         attempt = span["attempt"]
-        window = batch.windows.get((attempt, term, start))
+        key = f"{attempt}|{term}|{start}"
+        window = run.windows.get(key)
         if window is None:
-            key = f"{attempt}|{term}|{start}"
-            window = run.windows.get(key)
-            if window is None:
-                if start <= run.retired_windows.get(str(attempt), -1):
-                    self._late(run, "grader span", key)
-                    return
+            if start <= run.retired_windows.get(str(attempt), -1):
+                self._late(run, "grader span", key)
+                window_found = False
+            else:
                 window = run.windows[key] = GraderWindow()
-            batch.windows[(attempt, term, start)] = window
-        batch.add(window, call)
+                window_found = True
+        else:
+            window_found = True
+        if window is not None:
+            lists.append(batch.items(window))
+        for items in lists:
+            items.append(call)
+        if step_found and window_found:  # nothing late to count: the next such call can skip all this
+            batch.graders[(attempt, span.get("step"), term, start)] = tuple(lists)
 
     def _rollout(self, run: Run, span: dict[str, Any], batch: Batch) -> None:
         # The SDK refuses a NaN reward or a negative length at the call; another writer's must
@@ -238,7 +272,8 @@ class RunProcessor:
             return
         figures = self._step_of(run, span, batch)
         if figures is not None:
-            batch.add(figures, span)
+            items = batch.rollouts[(span["attempt"], span["step"])] = batch.items(figures)
+            items.append(span)
 
     def _failed_rollout(self, run: Run, span: dict[str, Any], batch: Batch) -> None:
         figures = self._step_of(run, span, batch)
@@ -413,9 +448,9 @@ class RunProcessor:
         progress = self._progress(run)
         out: list[Output] = []
         size, late = self.size_ns, self.lateness_ns
-        for key in sorted(run.windows, key=_window_order):
+        for key in sorted(run.windows, key=window_order):
             w = run.windows[key]
-            attempt, term, start = _window_parts(key)
+            attempt, term, start = window_parts(key)
             start_ns = int(start)
             due = idle or (progress is not None and progress >= start_ns + size + late)
             if not w.closed and due:
@@ -425,9 +460,9 @@ class RunProcessor:
                 out += self._emit_window(run, int(attempt), term, start_ns, w, now_ns, first=False)
             if w.closed and progress is not None and progress >= start_ns + size + late + self.retention_ns:
                 self._retire_window(run, key)
-        for key in sorted(run.steps, key=_step_order):
+        for key in sorted(run.steps, key=step_order):
             f = run.steps[key]
-            attempt_no, step = (int(x) for x in key.split("|"))
+            attempt_no, step = step_order(key)
             due = idle or (f.end_ns is not None and progress is not None and progress >= f.end_ns + late)
             if not f.closed and due:
                 f.closed = True
@@ -453,7 +488,7 @@ class RunProcessor:
 
     @staticmethod
     def _retire_window(run: Run, key: str) -> None:
-        attempt, _, start = _window_parts(key)
+        attempt, _, start = window_parts(key)
         del run.windows[key]
         run.retired_windows[attempt] = max(run.retired_windows.get(attempt, -1), int(start))
 
@@ -485,7 +520,7 @@ class RunProcessor:
         """No closed window of the same attempt and term starts after ``start_ns``."""
         a, t = str(attempt), term
         return not any(w.closed and parts[0] == a and parts[1] == t and int(parts[2]) > start_ns
-                       for parts, w in ((_window_parts(k), w) for k, w in run.windows.items()))
+                       for parts, w in ((window_parts(k), w) for k, w in run.windows.items()))
 
     def _emit_step(self, run: Run, attempt: int, step: int, f: StepFigures, now_ns: int, first: bool) -> list[Output]:
         f.dirty = False
@@ -508,52 +543,7 @@ class RunProcessor:
         return Output(ALERTS_TOPIC, run.key, "Alert", alert)
 
 
-class Batch:
-    """One message's spans, gathered per accumulator (a step's figures, its grader calls of a term,
-    a grader window) in the order they came, and added with one ``add_many`` each when the message
-    is through: each accumulator sees its spans in the same order as one add per span would, and
-    nothing on_records decides reads an accumulator's figures, so every figure is the same. It also
-    keeps the message's lookups of steps and windows (neither is removed before the closing pass)."""
-
-    __slots__ = ("pending", "steps", "windows")
-
-    def __init__(self) -> None:
-        self.pending: dict[Any, list[Any]] = {}  # accumulator (hashed by identity) -> its spans or calls
-        self.steps: dict[tuple[int, int, bool], StepFigures] = {}
-        self.windows: dict[tuple[int, str, int], GraderWindow] = {}
-
-    def add(self, accumulator: StepFigures | GraderWindow, item: Any) -> None:
-        """``item``: a ROLLOUT span for a step's figures, a grader call (``GraderWindow.call_of``) for a window."""
-        items = self.pending.get(accumulator)
-        if items is None:
-            self.pending[accumulator] = [item]
-        else:
-            items.append(item)
-
-    def apply(self) -> None:
-        pending, self.pending = self.pending, {}
-        for accumulator, items in pending.items():
-            accumulator.add_many(items)
-
-
 def often(before: int, after: int) -> bool:
     """True when a count going from ``before`` to ``after`` reached 1, 10, 100 ...: a flood of
     refusals logs a few lines, not one each."""
     return before == 0 < after or len(str(after)) > len(str(before))
-
-
-def _window_parts(key: str) -> tuple[str, str, str]:
-    """(attempt, term, start) of a window key ``attempt|term|start``: a term may itself hold "|"."""
-    attempt, rest = key.split("|", 1)
-    term, start = rest.rsplit("|", 1)
-    return attempt, term, start
-
-
-def _window_order(key: str) -> tuple[int, int, str]:
-    attempt, term, start = _window_parts(key)
-    return int(start), int(attempt), term
-
-
-def _step_order(key: str) -> tuple[int, int]:
-    attempt, step = key.split("|")
-    return int(attempt), int(step)
