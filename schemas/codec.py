@@ -391,14 +391,17 @@ class Codec:
                 self._writers[header.schema_json] = cached
         return cached
 
-    def decode(self, data: bytes, expect: tuple[str, ...] | None = None, fields: frozenset[str] | None = None) -> Decoded:
+    def decode(self, data: bytes, expect: tuple[str, ...] | None = None, fields: frozenset[str] | None = None,
+               header: Header | None = None) -> Decoded:
         """Decode a container into the local reader schema of the writer's record name.
 
         ``expect`` (full names) limits the record types accepted. ``fields`` is a hint: records
-        may hold only those fields (when the fast path reads them) or all of them. Raises
+        may hold only those fields (when the fast path reads them) or all of them. ``header``:
+        ``read_header(data)`` where the caller has it already (the bounds check reads it). Raises
         DecodeError saying why.
         """
-        header = read_header(data)
+        if header is None:
+            header = read_header(data)
         writer, same = self._writer(header)
         if expect is not None and writer.name not in expect:
             raise DecodeError(f"record type {writer.name} is not one of {', '.join(expect)}")

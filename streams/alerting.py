@@ -15,6 +15,7 @@ a warning because silence may come from the exporter or the network as well as f
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 from collections.abc import MutableMapping
@@ -23,6 +24,8 @@ from rlpulse.schemas.catalogue import engine_key
 from rlpulse.base.env import STALL_AFTER
 from rlpulse.base.settings import AlertThresholds
 from rlpulse.schemas import gpu_health
+
+_PLAIN = re.compile(r'[ !#-\[\]-~]*')  # what json.dumps writes as it is: printable ASCII but '"' and '\\'
 
 NS = 1_000_000_000
 SLOWDOWN_BIT = 0x8  # NVML clocks event reason: hardware slowdown (seed 001, "GPU health")
@@ -88,6 +91,10 @@ class AlertBook:
 
     @staticmethod
     def _key(rule: str, key: str) -> str:
+        # JSON of [rule, key]: written out directly when neither needs escaping (printable ASCII
+        # without '"' or '\\'), the usual case, as json.dumps would (it was 2% of the worker's time)
+        if _PLAIN.fullmatch(rule) and _PLAIN.fullmatch(key):
+            return f'["{rule}","{key}"]'
         return json.dumps([rule, key], separators=(",", ":"))
 
     def fire(self, rule: str, key: str, *, now_ns: int, value: float, threshold: float, summary: str,

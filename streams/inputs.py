@@ -36,9 +36,10 @@ class Inputs:
     def decode(self, short: str, value: bytes | None, where: str) -> list[dict[str, Any]]:
         """The records of one message of topic ``short``; [] for one that does not decode. ``where``: topic[partition]@offset."""
         try:
-            check_container(value, self.limits)  # bounded: nothing is decoded or inflated past a limit
+            checked = check_container(value, self.limits)  # bounded: nothing is decoded or inflated past a limit
             assert value is not None  # check_container refuses a tombstone
-            return self.codec.decode(value, expect=BY_SHORT[short].records, fields=FIELDS.get(short)).records
+            return self.codec.decode(value, expect=BY_SHORT[short].records, fields=FIELDS.get(short),
+                                     header=checked.header).records
         except DecodeError as exc:
             self.skipped += 1
             log.warning("skipping undecodable message %s: %s (%d skipped so far; the sink dead-letters it)",

@@ -1,5 +1,8 @@
 import json
 from pathlib import Path
+import random
+
+import pytest
 
 from rlpulse.base.settings import AlertThresholds
 from rlpulse.streams.alerting import AlertBook, grader_failure_rate, hardware, hardware_tick, step_rules
@@ -203,3 +206,14 @@ def test_the_pollers_at_once_xid_sample_neither_resolves_nor_refires_a_slowdown(
     assert [states(out) for out in seq] == [[("hw_slowdown", "FIRING", "GPU-1")], [("xid", "FIRING", "GPU-1")], [],
                                            [("hw_slowdown", "RESOLVED", "GPU-1")]]
     assert seq[3][0]["first_seen_ns"] == 10  # since_ns: the sample's time, not the clock
+
+
+@pytest.mark.full
+def test_an_alert_books_key_is_the_json_of_rule_and_key_whatever_the_key_holds() -> None:
+    # The book key is stored in every run's state: the fast path must write what json.dumps writes.
+    rng = random.Random(5)
+    alphabet = [chr(i) for i in range(0, 300)] + ['"', "\\", "\u2028", "\U0001f600"]
+    keys = ["p/r/1/judge", "", '"', "\\", "\x7f", "~", " "] + [
+        "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 8))) for _ in range(5000)]
+    for key in keys:
+        assert AlertBook._key("grader_failure_rate", key) == json.dumps(["grader_failure_rate", key], separators=(",", ":"))
