@@ -56,7 +56,7 @@ def test_as_a_user_runs_them() -> None:
     run = subprocess.run([sys.executable, "-m", "rlpulse.cli", "ui", "--help"], capture_output=True, text=True,
                          cwd=REPO, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"}, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[:2] == ["usage: rlpulse ui [-h] [--host HOST] [--port PORT]",
+    assert run.stdout.splitlines()[:2] == ["usage: rlpulse ui [-h] [--host HOST] [--port PORT] [--allow-host NAME]",
                                            "                  [--clickhouse-url CLICKHOUSE_URL] [-v]"]
     run = subprocess.run([sys.executable, "-m", "rlpulse.cli", "query", "--bootstrap", "127.0.0.1:9092", "SELECT 1"],
                          capture_output=True, text=True, cwd=REPO, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"},
