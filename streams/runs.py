@@ -198,8 +198,10 @@ class RunProcessor:
                 else:
                     out += self._step_event(run, r, now_ns)
         finally:  # also when a record raised: the marks of those applied before it stay, as they did per record
-            batch.apply()
-            self._settle(marks, progress, stream, last, latest, now_ns)
+            try:
+                batch.apply()
+            finally:
+                self._settle(marks, progress, stream, last, latest, now_ns)
         self.applied += len(records)
         run.seen_ns = now_ns
         out += self._close(run, now_ns, idle=False)
