@@ -28,6 +28,7 @@ from collections.abc import Mapping
 import faust
 from faust.types import TP
 
+from rlpulse.schemas import lz4_level
 from rlpulse.schemas.catalogue import DERIVED_TOPICS, HARDWARE_TOPICS, RUN_TOPICS, TICKS_TOPIC
 from rlpulse.base.files import private_dir
 from rlpulse.base.settings import Settings
@@ -116,6 +117,7 @@ class FaustConsumer:
 
 def create_app(settings: Settings, clock: Clock | None = None) -> faust.App:
     clock = clock or SystemClock()
+    lz4_level.install()  # the changelog and derived topics at lz4's fast level (rlpulse.schemas.lz4_level)
     datadir = private_dir(private_dir(settings.home / "faust") / settings.app_id)  # the owner's only, as the store
     app = faust.App(
         settings.app_id,

@@ -32,6 +32,7 @@ from rlpulse.producers.otlp.metrics import MetricTranslator
 from rlpulse.producers.otlp.spans import translate_spans
 from rlpulse.producers.otlp.warmup import Warmup
 from rlpulse.producers.sdk.containers import MAX_MESSAGE_BYTES
+from rlpulse.schemas import lz4_level
 from rlpulse.schemas.catalogue import DLQ_TOPIC, OTLP_METRICS_TOPIC, OTLP_SPANS_TOPIC, OTLP_WRITER_PREFIX
 from rlpulse.schemas.codec import Codec
 from rlpulse.schemas.compression import refusal
@@ -140,6 +141,7 @@ class OtlpIngest:
         self.warmup = Warmup(self.translator, settings.topic(OTLP_METRICS_TOPIC), kwargs, self.translator.limits)
         self.warmup.consumer = consumer
         consumer.subscribe([settings.topic(t) for t in SIGNALS], listener=self.warmup)
+        lz4_level.install()
         producer = AIOKafkaProducer(acks="all", enable_idempotence=True, linger_ms=5, compression_type="lz4",
                                     max_request_size=2 * MAX_MESSAGE_BYTES, **kwargs)
         signal_of = {settings.topic(short): signal for short, signal in SIGNALS.items()}

@@ -32,6 +32,7 @@ from rlpulse.producers.otlp.decode import METRICS, TRACES, OtlpLimits, decode, t
 from rlpulse.producers.otlp.identity import OtlpRejected
 from rlpulse.producers.otlp.metrics import MetricTranslator
 from rlpulse.producers.otlp.spans import translate_spans
+from rlpulse.schemas import lz4_level
 from rlpulse.schemas.catalogue import OTLP_METRICS_TOPIC, OTLP_SPANS_TOPIC
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ class OtlpReceiver:
         return self
 
     async def _start_producer(self) -> AIOKafkaProducer:
+        lz4_level.install()
         producer = AIOKafkaProducer(acks="all", enable_idempotence=True, linger_ms=5, compression_type="lz4",
                                     max_request_size=self.limits.max_bytes + 64 * 1024,
                                     **self.settings.kafka_client_kwargs())

@@ -20,6 +20,7 @@ from aiokafka.errors import (InvalidProducerIdMapping, MessageSizeTooLargeError,
 
 from rlpulse.producers.sdk.containers import MAX_MESSAGE_BYTES
 from rlpulse.producers.sdk.delivery import Message, MessageTooLarge
+from rlpulse.schemas import lz4_level
 from rlpulse.schemas.catalogue import RAW_TOPICS
 from rlpulse.base.kafka_check import connection_problem, scrub
 from rlpulse.base.settings import Settings
@@ -87,6 +88,7 @@ class KafkaTransport:
                     # partition count, which the streams then refuse (see rlpulse.schemas.topics).
                     await ensure_topics_async(self.settings)
                     self._topics_ready = True
+                lz4_level.install()  # lz4's fast mode, not aiokafka's level 9 (rlpulse.schemas.lz4_level)
                 producer = AIOKafkaProducer(**self.producer_kwargs())
                 await producer.start()
                 for short in RAW_TOPICS:  # fresh topics: learn their leaders before the first send
