@@ -278,3 +278,77 @@ def grader_add_many(w, list calls, max_sum):
     w.durations.add_many(durations)
     if w.closed:
         w.dirty = True
+
+
+# -- RunProcessor.on_records ------------------------------------------------------------------
+
+def on_records(p, run, topic, list records, now_ns, batch_class, call_of, spans_topic, otlp_prefix,
+               checkpoint_rule, alert_book):
+    """``RunProcessor.on_records``' pass over one message's records, up to its closing pass: the
+    outputs so far (``p``: the processor; the other arguments are the names runs.py reads from its
+    module: Batch, GraderWindow.call_of, SPANS_TOPIC, OTLP_WRITER_PREFIX, checkpoint_rule, AlertBook)."""
+    cdef list out = []
+    cdef dict r
+    cdef bint sparse = False, spans
+    marks, progress = run.marks, run.progress
+    attempt = None
+    writer = None
+    stream, last, latest = "", 0, None
+    batch = batch_class()
+    rollouts, graders, size = batch.rollouts, batch.graders, p.size_ns
+    spans = topic == spans_topic
+    try:
+        for r in records:
+            if r["attempt"] != attempt or r.get("writer_id", "") != writer:
+                p._settle(marks, progress, stream, last, latest, now_ns)
+                attempt, writer = r["attempt"], r.get("writer_id", "")
+                stream = f"{topic}|{attempt}|{writer}"
+                last, latest = marks.get(stream, 0), None
+                sparse = writer.startswith(otlp_prefix)
+            seq = r.get("writer_sequence") or r.get("sequence_id") or 0
+            if seq > 0:
+                if seq <= last:
+                    p.duplicates += 1
+                    continue
+                if last and seq > last + 1 and not sparse:
+                    p._gap(run, stream, last, seq)
+                last = seq
+            t = r["time_ns"]
+            if latest is None or t > latest:
+                latest = t
+            if spans:
+                kind = r["kind"]
+                if kind == "GRADER":
+                    term = r.get("term")
+                    if term is not None:
+                        lists = graders.get((attempt, r.get("step"), term, t - t % size))
+                        if lists is None:
+                            p._grader(run, r, batch)
+                        else:
+                            call = call_of(r)
+                            for items in lists:
+                                items.append(call)
+                elif kind == "ROLLOUT":
+                    step = r.get("step")
+                    if step is None:
+                        pass
+                    elif r.get("status") == "ERROR":
+                        p._failed_rollout(run, r, batch)
+                    elif r.get("reward") is not None:
+                        found = rollouts.get((attempt, step))
+                        reward, shares, tokens = r["reward"], r.get("term_shares"), r.get("completion_tokens")
+                        if found is not None and -INF < reward < INF and (
+                                not shares or -INF < sum(shares.values()) < INF) and (tokens is None or tokens >= 0):
+                            found.append(r)
+                        else:
+                            p._rollout(run, r, batch)
+                elif kind == "CHECKPOINT":
+                    out += [p._alert(run, a) for a in checkpoint_rule(alert_book(run.alerts), r, now_ns)]
+            else:
+                out += p._step_event(run, r, now_ns)
+    finally:
+        try:
+            batch.apply()
+        finally:
+            p._settle(marks, progress, stream, last, latest, now_ns)
+    return out

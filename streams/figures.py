@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from rlpulse.schemas.enums import FAILURE_CAUSES as CAUSES  # grader failure causes (seed 001)
-from rlpulse.streams import histograms
+from rlpulse.streams import compiled
 from rlpulse.streams.histograms import REWARD_BOUNDS, ExpHistogram, RewardHistogram
 
 NS = 1_000_000_000
@@ -89,8 +89,8 @@ class StepFigures:
         Every figure comes out as if they were added one at a time (the same sums, bit for bit,
         the histograms' terms created in the order first seen), in one loop over the spans and
         one batch add per histogram."""
-        if histograms.COMPILED is not None:  # this method line for line, in C (streams/_loops.pyx)
-            histograms.COMPILED.step_add_many(self, spans, RewardHistogram, MAX_TERMS, MAX_NAME, MAX_SAMPLES)
+        if compiled.LOOPS is not None:  # this method line for line, in C (streams/_loops.pyx)
+            compiled.LOOPS.step_add_many(self, spans, RewardHistogram, MAX_TERMS, MAX_NAME, MAX_SAMPLES)
             return
         self._body = None
         hist = self.hist
@@ -341,8 +341,8 @@ class GraderWindow:
     def add_many(self, calls: list[tuple[float, int, int, str | None]]) -> None:
         """The grader calls (``call_of``) of one message for this window, or step and term, in their
         order: the same figures as one ``add`` each, in one loop and one batch add of the durations."""
-        if histograms.COMPILED is not None:  # this method line for line, in C (streams/_loops.pyx)
-            histograms.COMPILED.grader_add_many(self, calls, MAX_SUM)
+        if compiled.LOOPS is not None:  # this method line for line, in C (streams/_loops.pyx)
+            compiled.LOOPS.grader_add_many(self, calls, MAX_SUM)
             return
         self._body = None
         self.graded += len(calls)

@@ -13,10 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Sequence
 
-try:  # the innermost loops compiled (setup.py; optional): each method below runs its own Python without it
-    import rlpulse.streams._loops as COMPILED  # type: ignore[import-not-found]
-except ImportError:
-    COMPILED = None
+from rlpulse.streams import compiled
 
 REWARD_BOUNDS: tuple[float, ...] = (0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1, 2, 5)
 REWARD_BUCKETS = len(REWARD_BOUNDS) + 1
@@ -88,8 +85,8 @@ class RewardHistogram:
         """``add`` of each of ``xs`` in order (the same sums, bit for bit), in one loop: a message's
         rewards of one step go in together. Finite values only: the caller checked them (a
         non-finite one raises, as ``add`` does, before anything is changed)."""
-        if COMPILED is not None:  # this method line for line, in C (streams/_loops.pyx)
-            COMPILED.reward_add_many(self, xs, REWARD_BOUNDS, reward_bucket)
+        if compiled.LOOPS is not None:  # this method line for line, in C (streams/_loops.pyx)
+            compiled.LOOPS.reward_add_many(self, xs, REWARD_BOUNDS, reward_bucket)
             return
         if not -math.inf < sum(xs) < math.inf:  # NaN or an infinity anywhere makes the sum so
             for x in xs:
@@ -272,8 +269,8 @@ class ExpHistogram:
         (``exp_index`` multiplies the log by a power of two, which is exact), so every value lands
         in the bucket it would have. A value ``add`` refuses (negative, not finite) sends the
         batch through ``add`` one by one, so it raises at that value, as ``add`` would."""
-        if COMPILED is not None:  # this method line for line, in C (streams/_loops.pyx)
-            COMPILED.exp_add_many(self, values, _cached_index, _downscale_needed)
+        if compiled.LOOPS is not None:  # this method line for line, in C (streams/_loops.pyx)
+            compiled.LOOPS.exp_add_many(self, values, _cached_index, _downscale_needed)
             return
         vs = [float(v) for v in values]
         if not vs:

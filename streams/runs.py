@@ -39,6 +39,7 @@ from rlpulse.schemas.catalogue import (ALERTS_TOPIC, GRADER_FAILURES_TOPIC, GRAD
 from rlpulse.base.settings import AlertThresholds
 from rlpulse.streams.alerting import (RUN_SCOPED, AlertBook, checkpoint_rule, end_attempt, forget_run, grader_failure_rate,
                                       step_rules)
+from rlpulse.streams import compiled
 from rlpulse.streams.batch import Batch, step_order, window_order, window_parts
 from rlpulse.streams.figures import MAX_NAME, MAX_TERMS, NS, GraderWindow, StepFigures
 from rlpulse.streams.stall import StallDetector
@@ -131,6 +132,19 @@ class RunProcessor:
     # -- messages ----------------------------------------------------------------------------
     def on_records(self, run: Run, topic: str, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
         """Apply one message's records (``topic`` is ``spans`` or ``steps``) and close what is due."""
+        if compiled.LOOPS is not None:  # _apply line for line, in C (streams/_loops.pyx)
+            out = compiled.LOOPS.on_records(self, run, topic, records, now_ns, Batch, GraderWindow.call_of, SPANS_TOPIC,
+                                            OTLP_WRITER_PREFIX, checkpoint_rule, AlertBook)
+        else:
+            out = self._apply(run, topic, records, now_ns)
+        self.applied += len(records)
+        run.seen_ns = now_ns
+        out += self._close(run, now_ns, idle=False)
+        return out
+
+    def _apply(self, run: Run, topic: str, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
+        """The records of one message into the run's marks, progress, steps and windows: the
+        outputs of its steps events and checkpoints (the closing pass comes after)."""
         out: list[Output] = []
         marks, progress = run.marks, run.progress
         # A message's records nearly all share one stream (topic, attempt, writer): its sequence
@@ -202,9 +216,6 @@ class RunProcessor:
                 batch.apply()
             finally:
                 self._settle(marks, progress, stream, last, latest, now_ns)
-        self.applied += len(records)
-        run.seen_ns = now_ns
-        out += self._close(run, now_ns, idle=False)
         return out
 
     @staticmethod

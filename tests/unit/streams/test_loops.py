@@ -1,7 +1,7 @@
 """streams/_loops.pyx is its methods' Python, line for line: the same inputs through both give
 the same state, float bits included, and the same errors.
 
-Each case runs once with the compiled loops (``histograms.COMPILED``) and once with them off, on
+Each case runs once with the compiled loops (``compiled.LOOPS``) and once with them off, on
 fresh accumulators, and compares ``to_dict()`` as JSON (``repr`` of every float: exact)."""
 
 from __future__ import annotations
@@ -14,21 +14,28 @@ from typing import Any
 
 import pytest
 
-from rlpulse.streams import figures, histograms
+from rlpulse.streams import compiled, figures
 from rlpulse.streams.figures import GraderWindow, StepFigures
 from rlpulse.streams.histograms import ExpHistogram, RewardHistogram, exp_index
 
-pytestmark = [pytest.mark.full,
-              pytest.mark.skipif(histograms.COMPILED is None, reason="streams/_loops.pyx is not built here")]
+from tests.conftest import unavailable
 
-COMPILED = histograms.COMPILED
+pytestmark = pytest.mark.full
+
+COMPILED = compiled.LOOPS
+
+
+@pytest.fixture(autouse=True)
+def built() -> None:
+    if COMPILED is None:
+        unavailable("streams/_loops.pyx is not built: pip install -e . builds it (Cython and a C compiler)")
 
 
 def both(monkeypatch: pytest.MonkeyPatch, run: Callable[[], Any]) -> tuple[str, str]:
     """``run()``'s result as JSON with the compiled loops, then without."""
     out = []
     for loops in (COMPILED, None):
-        monkeypatch.setattr(histograms, "COMPILED", loops)
+        monkeypatch.setattr(compiled, "LOOPS", loops)
         out.append(json.dumps(run(), sort_keys=True))
     return out[0], out[1]
 
@@ -118,7 +125,7 @@ def test_the_same_errors(monkeypatch: pytest.MonkeyPatch, bad: float) -> None:
     for make, values in ((RewardHistogram, [0.5, bad, 1.0]), (ExpHistogram, [3, bad, 1]), (ExpHistogram, [3, -1.0])):
         errors = []
         for loops in (COMPILED, None):
-            monkeypatch.setattr(histograms, "COMPILED", loops)
+            monkeypatch.setattr(compiled, "LOOPS", loops)
             h = make()
             with pytest.raises(ValueError) as raised:
                 h.add_many(values)
