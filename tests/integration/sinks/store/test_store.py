@@ -24,7 +24,7 @@ def test_migrations_apply_once_and_record_themselves(tmp_path: Path) -> None:
                                   "009_checkpoints", "010_content_bounds",
                                   "011_content_sdk_cut", "012_merge_settings", "013_start_order", "014_rollouts_attempted",
                                   "015_gpu_health", "016_engine_figures", "017_step_term_figures",
-                                  "018_run_config"]
+                                  "018_run_config", "019_compact_spans"]
         assert migrate(store) == []
         tables = {r[0] for r in store.client.query("SHOW TABLES FROM rlpulse").result_rows}
         engines = dict(store.client.query("SELECT name, engine_full FROM system.tables WHERE database = 'rlpulse' "
@@ -35,6 +35,8 @@ def test_migrations_apply_once_and_record_themselves(tmp_path: Path) -> None:
     # 012: every table of rows merges about 20 parts of a size at once (fewer merges while a backlog drains)
     assert sorted(name for name, full in engines.items() if "merge_selector_base = 20" in full) == sorted(
         set(engines) - {"schema_migrations"})
+    # 019: the spans' parts are compact up to 128 MiB
+    assert "min_bytes_for_wide_part = 134217728" in engines["spans"]
 
 
 def test_004_adds_writer_ids_and_folds_grader_failures_per_source_partition_into_one_row(tmp_path: Path) -> None:
