@@ -87,7 +87,7 @@ def pct(values: list[float], q: float) -> float:
 
 async def measure(settings: Settings, store: Any, port: int, seconds: float, rate: int, per_message: int,
                   threads: int) -> dict[str, Any]:
-    sink = ClickHouseSink(settings, store, Policy(max_rows=5000, interval=1.0))  # rlpulse sink's defaults
+    sink = ClickHouseSink(settings, store, Policy(max_rows=25_000, interval=1.0))  # rlpulse sink's defaults
     stop = asyncio.Event()
     sink_task = asyncio.create_task(sink.run(stop))
     while not sink.assigned.is_set():
