@@ -135,3 +135,23 @@ def test_a_string_like_the_one_before_reads_as_its_own_value() -> None:
     bad[bad.rindex(b"RUN-ID-1")] = 0xFF  # the second record's run_id: the first's length, not valid UTF-8
     with pytest.raises(DecodeError, match="corrupt Span container.*utf-8"):
         codec.decode(bytes(bad), fields=frozenset({"run_id"}))
+
+
+@pytest.mark.full
+def test_a_header_seen_before_reads_the_same_with_its_own_sync_marker(monkeypatch):
+    monkeypatch.setattr(codec_module, "_PREFIXES", [])
+    codec = Codec()
+    first = codec.encode("Span", [span(1)])
+    a = read_header(first)  # parsed, and its metadata bytes kept
+    second = codec.encode("Span", [span(2)]).replace(a.sync, b"S" * 16)  # another writer: its own sync marker
+    assert len(codec_module._PREFIXES) == 1
+    b = read_header(second)  # known: only the sync marker read
+    monkeypatch.setattr(codec_module, "_PREFIXES", [])
+    assert b == read_header(second)  # what a full parse says
+    assert b.sync == second[b.end - 16:b.end] and b.sync != a.sync
+    assert (b.schema_json, b.codec, b.name, b.end) == (a.schema_json, a.codec, a.name, a.end)
+    # a known header cut inside its sync marker is still refused, and a different schema parsed on its own
+    with pytest.raises(DecodeError, match="truncated Avro container header"):
+        read_header(second[:b.end - 1])
+    assert read_header(codec.encode("Step", [STEP])).name == "rlpulse.v1.Step"
+    assert len(codec_module._PREFIXES) == 2
