@@ -133,11 +133,12 @@ def read_header(data: bytes) -> Header:
     if data is None or len(data) < len(MAGIC) + SYNC_SIZE + 1:
         raise DecodeError(f"message too short for an Avro container ({0 if data is None else len(data)} bytes)")
     if isinstance(data, bytes):
-        for prefix, schema_json, codec, name in _PREFIXES:
+        for prefix, known_schema, known_codec, known_name in _PREFIXES:
             if data.startswith(prefix):
                 end = len(prefix) + SYNC_SIZE
                 if end <= len(data):  # else the full parse below says it is cut short
-                    return Header(schema_json=schema_json, codec=codec, sync=data[len(prefix):end], end=end, name=name)
+                    return Header(schema_json=known_schema, codec=known_codec, sync=data[len(prefix):end], end=end,
+                                  name=known_name)
                 break
     if data[:4] != MAGIC:
         raise DecodeError(f"not an Avro container: starts with {bytes(data[:4]).hex()}, not 4f626a01 ('Obj' 1)")

@@ -282,11 +282,25 @@ def grader_add_many(w, list calls, max_sum):
 
 # -- RunProcessor.on_records ------------------------------------------------------------------
 
-def on_records(p, run, topic, list records, now_ns, batch_class, call_of, spans_topic, otlp_prefix,
+cpdef tuple grader_call(dict span, ns, max_tokens, causes, unknown):
+    """``GraderWindow.call_of(span)`` (``ns``, ``max_tokens``, ``causes``, ``unknown``: figures.py's
+    NS, MAX_JUDGE_TOKENS, CAUSES and UNKNOWN_CAUSE)."""
+    tokens_in = span.get("judge_input_tokens")
+    tokens_out = span.get("judge_output_tokens")
+    outcome = span.get("outcome") or "ok"
+    return (max(span["end_time_ns"] - span["start_time_ns"], 0) / ns,
+            tokens_in if tokens_in is not None and 0 < tokens_in <= max_tokens else 0,
+            tokens_out if tokens_out is not None and 0 < tokens_out <= max_tokens else 0,
+            None if outcome == "ok" else outcome if outcome in causes else unknown)
+
+
+def on_records(p, run, topic, list records, now_ns, batch_class, tuple call_of, spans_topic, otlp_prefix,
                checkpoint_rule, alert_book):
     """``RunProcessor.on_records``' pass over one message's records, up to its closing pass: the
     outputs so far (``p``: the processor; the other arguments are the names runs.py reads from its
-    module: Batch, GraderWindow.call_of, SPANS_TOPIC, OTLP_WRITER_PREFIX, checkpoint_rule, AlertBook)."""
+    module: Batch, grader_call's constants (NS, MAX_JUDGE_TOKENS, CAUSES, UNKNOWN_CAUSE),
+    SPANS_TOPIC, OTLP_WRITER_PREFIX, checkpoint_rule, AlertBook)."""
+    ns, max_tokens, causes, unknown = call_of
     cdef list out = []
     cdef dict r
     cdef bint sparse = False, spans
@@ -325,7 +339,7 @@ def on_records(p, run, topic, list records, now_ns, batch_class, call_of, spans_
                         if lists is None:
                             p._grader(run, r, batch)
                         else:
-                            call = call_of(r)
+                            call = grader_call(r, ns, max_tokens, causes, unknown)
                             for items in lists:
                                 items.append(call)
                 elif kind == "ROLLOUT":
@@ -351,4 +365,57 @@ def on_records(p, run, topic, list records, now_ns, batch_class, call_of, spans_
             batch.apply()
         finally:
             p._settle(marks, progress, stream, last, latest, now_ns)
+    return out
+
+
+# -- RunProcessor._close ----------------------------------------------------------------------
+
+def close(p, run, now_ns, bint idle, window_order, window_parts, step_order, forget_run):
+    """``RunProcessor._close(run, now_ns, idle)``: the closing pass after a message or a tick (``p``:
+    the processor; the other arguments are the helpers runs.py reads from its modules)."""
+    cdef list out = []
+    cdef dict windows, steps
+    cdef bint due
+    progress = p._progress(run)
+    size, late, retention = p.size_ns, p.lateness_ns, p.retention_ns
+    windows = run.windows
+    for key in sorted(windows, key=window_order):
+        w = windows[key]
+        attempt, term, start = window_parts(key)
+        start_ns = int(start)
+        due = idle or (progress is not None and progress >= start_ns + size + late)
+        if not w.closed and due:
+            w.closed = True
+            out += p._emit_window(run, int(attempt), term, start_ns, w, now_ns, first=True)
+        elif w.dirty:
+            out += p._emit_window(run, int(attempt), term, start_ns, w, now_ns, first=False)
+        if w.closed and progress is not None and progress >= start_ns + size + late + retention:
+            p._retire_window(run, key)
+    steps = run.steps
+    for key in sorted(steps, key=step_order):
+        f = steps[key]
+        attempt_no, step = step_order(key)
+        due = idle or (f.end_ns is not None and progress is not None and progress >= f.end_ns + late)
+        if not f.closed and due:
+            f.closed = True
+            out += p._emit_step(run, attempt_no, step, f, now_ns, first=True)
+        elif f.dirty:
+            out += p._emit_step(run, attempt_no, step, f, now_ns, first=False)
+        if f.closed and f.end_ns is not None and progress is not None and progress >= f.end_ns + late + retention:
+            p._retire_step(run, key)
+    if progress is not None:
+        step_ends = run.step_ends
+        for key in [k for k, t in step_ends.items() if t + late + retention <= progress]:
+            del step_ends[key]
+        # a stream far behind and long silent (an ended attempt, a stopped writer) is forgotten;
+        # its sequence mark stays, so a replay of it is still recognised
+        run_progress = run.progress
+        for key in [k for k, (t, r) in run_progress.items()
+                    if t + retention < progress and now_ns - max(r, p.quiet_from(run)) > retention]:
+            del run_progress[key]
+    for ended in list(run.ended):
+        if not any(k.split("|")[0] == str(ended) for k in list(run.steps) + list(run.windows)):
+            forget_run(run.rules, run.project, run.run_id, ended)  # its step-rule state goes with it
+    if run.alerts:  # after the steps and windows above were judged: a final-step alert fires, then resolves
+        out += p._end_alerts(run, now_ns, idle)
     return out

@@ -19,6 +19,8 @@ from rlpulse.streams.histograms import REWARD_BOUNDS, ExpHistogram, RewardHistog
 
 NS = 1_000_000_000
 UNKNOWN_CAUSE = "unknown"  # an outcome outside the contract still counts as a failure, under this cause
+_SORTED_CAUSES: dict[tuple[str, ...], tuple[frozenset[str], list[str]]] = {}  # CAUSES -> (as a set, sorted)
+_DURATION_QS = (0.5, 0.9, 0.99)  # the grader-call duration percentiles a window and a step's term report
 MAX_SAMPLES = 4096  # distinct sample ids kept per step; more are counted in samples_dropped, not kept
 MAX_TERMS = 64  # the SDK's cap on distinct reward terms per run; more are counted in terms_dropped
 MAX_NAME = 256  # the SDK's cap on ids and names; a longer term or sample id from another writer is not kept
@@ -398,11 +400,16 @@ class GraderWindow:
     def failure_records(self, ident: dict[str, Any], term: str, start_ns: int, end_ns: int,
                         emitted_at_ns: int) -> list[dict[str, Any]]:
         """GraderFailureWindow records: one per cause, zero counts included (a cause that went away reads 0)."""
-        causes = dict.fromkeys(CAUSES, 0)
-        causes.update(self.causes)
+        own = self.causes
+        known = _SORTED_CAUSES.get(CAUSES)  # read at each call: a test plays an older worker by changing CAUSES
+        if known is None:
+            known = _SORTED_CAUSES[CAUSES] = (frozenset(CAUSES), sorted(CAUSES))
+        # every contract cause and any other this window counted (unknown, or a restored older state's), sorted
+        names = known[1] if own.keys() <= known[0] else sorted(known[0] | own.keys())
+        graded = self.graded
         return [{**ident, "term": term, "cause": cause, "window_start_ns": start_ns, "window_end_ns": end_ns,
-                 "failures": count, "graded": self.graded, "emitted_at_ns": emitted_at_ns}
-                for cause, count in sorted(causes.items())]
+                 "failures": own.get(cause, 0), "graded": graded, "emitted_at_ns": emitted_at_ns}
+                for cause in names]
 
     def window_record(self, ident: dict[str, Any], term: str, start_ns: int, end_ns: int,
                       emitted_at_ns: int) -> dict[str, Any]:
@@ -415,9 +422,6 @@ class GraderWindow:
     def duration_figures(self) -> dict[str, float]:
         """Percentiles of the grader-call durations from the exponential histogram (0.0 when empty)."""
         d = self.durations
-
-        def q(p: float) -> float:
-            return float(d.quantile(p)) if d.count else 0.0
-
-        return {"duration_p50_s": q(0.5), "duration_p90_s": q(0.9), "duration_p99_s": q(0.99),
+        p50, p90, p99 = d.quantiles(_DURATION_QS) if d.count else (0.0, 0.0, 0.0)
+        return {"duration_p50_s": float(p50), "duration_p90_s": float(p90), "duration_p99_s": float(p99),
                 "duration_max_s": float(d.max or 0.0)}

@@ -41,7 +41,8 @@ from rlpulse.streams.alerting import (RUN_SCOPED, AlertBook, checkpoint_rule, en
                                       step_rules)
 from rlpulse.streams import compiled
 from rlpulse.streams.batch import Batch, step_order, window_order, window_parts
-from rlpulse.streams.figures import MAX_NAME, MAX_TERMS, NS, GraderWindow, StepFigures
+from rlpulse.streams import figures
+from rlpulse.streams.figures import MAX_JUDGE_TOKENS, MAX_NAME, MAX_TERMS, NS, UNKNOWN_CAUSE, GraderWindow, StepFigures
 from rlpulse.streams.stall import StallDetector
 from rlpulse.streams.state import Run
 
@@ -133,7 +134,9 @@ class RunProcessor:
     def on_records(self, run: Run, topic: str, records: list[dict[str, Any]], now_ns: int) -> list[Output]:
         """Apply one message's records (``topic`` is ``spans`` or ``steps``) and close what is due."""
         if compiled.LOOPS is not None:  # _apply line for line, in C (streams/_loops.pyx)
-            out = compiled.LOOPS.on_records(self, run, topic, records, now_ns, Batch, GraderWindow.call_of, SPANS_TOPIC,
+            # call_of's constants, CAUSES read now (a test plays an older worker by changing it)
+            call_of = (NS, MAX_JUDGE_TOKENS, figures.CAUSES, UNKNOWN_CAUSE)
+            out = compiled.LOOPS.on_records(self, run, topic, records, now_ns, Batch, call_of, SPANS_TOPIC,
                                             OTLP_WRITER_PREFIX, checkpoint_rule, AlertBook)
         else:
             out = self._apply(run, topic, records, now_ns)
@@ -458,8 +461,12 @@ class RunProcessor:
         return min(t for t, r in open_streams if max(r, resumed) >= latest - self.retention_ns)
 
     def _close(self, run: Run, now_ns: int, idle: bool) -> list[Output]:
+        if compiled.LOOPS is not None:  # this method line for line, in C (streams/_loops.pyx)
+            out: list[Output] = compiled.LOOPS.close(self, run, now_ns, idle, window_order, window_parts, step_order,
+                                                     forget_run)
+            return out
         progress = self._progress(run)
-        out: list[Output] = []
+        out = []
         size, late = self.size_ns, self.lateness_ns
         for key in sorted(run.windows, key=window_order):
             w = run.windows[key]

@@ -198,3 +198,21 @@ def test_exp_histogram_dict_round_trip():
     for h in (lengths([0, 1, 3, 2**40, 77]), ExpHistogram()):
         d = json.loads(json.dumps(h.to_dict()))
         assert ExpHistogram.from_dict(d) == h
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("seed", range(10))
+def test_exp_histogram_quantiles_in_one_pass_are_each_quantile(seed):
+    import random
+    rng = random.Random(seed)
+    for _ in range(200):
+        h = ExpHistogram(max_size=rng.choice([4, 160]))
+        values = [rng.choice([0.0, rng.uniform(1e-3, 10), rng.lognormvariate(0, 3)]) for _ in range(rng.randrange(1, 60))]
+        h.add_many(values)
+        qs = tuple(sorted(rng.uniform(0, 1) for _ in range(rng.randrange(1, 5)))) + (0.5, 0.9, 0.99)
+        qs = tuple(sorted(qs))
+        assert h.quantiles(qs) == [h.quantile(q) for q in qs]
+    with pytest.raises(ValueError, match="empty"):
+        ExpHistogram().quantiles((0.5,))
+    with pytest.raises(ValueError, match="within"):
+        h.quantiles((0.5, 1.5))

@@ -152,3 +152,18 @@ def test_grader_window(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
 
     compiled, pure = both(monkeypatch, run)
     assert compiled == pure
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_grader_call_is_call_of(seed: int) -> None:
+    """The compiled on_records works a grader span out with grader_call: call_of's tuple exactly."""
+    rng = random.Random(seed)
+    for _ in range(500):
+        start = rng.randrange(0, 2**63)
+        span = {"start_time_ns": start, "end_time_ns": rng.choice([start, start - 5, start + rng.randrange(10**12), 2**70]),
+                "judge_input_tokens": rng.choice([None, -1, 0, 12, 2**40, 2**40 + 1]),
+                "judge_output_tokens": rng.choice([None, 3, 0]),
+                "outcome": rng.choice([None, "", "ok", "timeout", "unreadable", "made-up"])}
+        want = GraderWindow.call_of(span)
+        got = COMPILED.grader_call(span, figures.NS, figures.MAX_JUDGE_TOKENS, figures.CAUSES, figures.UNKNOWN_CAUSE)
+        assert repr(got) == repr(want)
