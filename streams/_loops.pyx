@@ -419,3 +419,19 @@ def close(p, run, now_ns, bint idle, window_order, window_parts, step_order, for
     if run.alerts:  # after the steps and windows above were judged: a final-step alert fires, then resolves
         out += p._end_alerts(run, now_ns, idle)
     return out
+
+
+# -- RunStage.on_message ----------------------------------------------------------------------
+
+def one_run(list records):
+    """True when every record names the first one's project and run_id (a message of one run, as
+    writers send them): ``RunStage.on_message`` then groups nothing."""
+    cdef dict r
+    if not records:
+        return False
+    r = records[0]
+    project, run_id = r["project"], r["run_id"]
+    for r in records:
+        if r["project"] != project or r["run_id"] != run_id:
+            return False
+    return True
