@@ -167,3 +167,13 @@ def test_grader_call_is_call_of(seed: int) -> None:
         want = GraderWindow.call_of(span)
         got = COMPILED.grader_call(span, figures.NS, figures.MAX_JUDGE_TOKENS, figures.CAUSES, figures.UNKNOWN_CAUSE)
         assert repr(got) == repr(want)
+
+
+def test_one_run_is_true_only_when_every_record_names_the_first_ones_run() -> None:
+    rec = {"project": "p", "run_id": "r"}
+    assert COMPILED.one_run([rec, dict(rec), dict(rec)]) is True
+    assert COMPILED.one_run([rec, dict(rec, run_id="r2")]) is False
+    assert COMPILED.one_run([rec, dict(rec, project="q")]) is False
+    # the same run key from two runs ("a/b" + "c", "a" + "b/c"): grouped as on_message groups them
+    assert COMPILED.one_run([{"project": "a/b", "run_id": "c"}, {"project": "a", "run_id": "b/c"}]) is False
+    assert COMPILED.one_run([]) is False
