@@ -175,8 +175,10 @@ def grader_failure_rate(book: AlertBook, window: dict[str, Any], thresholds: Ale
     if graded <= 0 or graded < thresholds.grader_min_graded:
         return []
     rate = failures / graded
-    key = f"{window['project']}/{window['run_id']}/{window['attempt']}/{window['term']}"
     limit = thresholds.grader_failure_rate
+    if rate <= limit and not book.state:  # nothing open to resolve, the usual case: no key or summary to write
+        return []
+    key = f"{window['project']}/{window['run_id']}/{window['attempt']}/{window['term']}"
     if rate > limit:
         return _emit(book.fire(
             "grader_failure_rate", key, now_ns=now_ns, value=rate, threshold=limit,
