@@ -20,6 +20,7 @@ in each run's state, and Faust flushes its producer (outputs and changelog) befo
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from typing import Any
@@ -219,4 +220,22 @@ def run_worker(settings: Settings, loglevel: str = "INFO") -> None:
         raise SystemExit(2) from None
     app = create_app(settings)
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    tune_gc()
     worker.execute_from_commandline()
+
+
+GC_THRESHOLDS = (20_000, 20, 10)  # Python's default is (700, 10, 10)
+
+
+def tune_gc() -> None:
+    """Fewer cyclic collections in the worker, and none over what it loaded before its first message.
+
+    A worker allocates and frees dicts by the million (records, outputs, figures), few of them in
+    cycles; at Python's default a collection ran every 700 allocations and the full ones walked
+    the whole heap, Faust's and aiokafka's modules included: 0.73 s of the streams' 10.4 s of CPU in
+    make bench's drain, 985 collections. Objects alive now move to the permanent generation
+    (``gc.freeze``); collections still run, less often, so a cycle is still freed.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
