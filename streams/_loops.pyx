@@ -12,6 +12,7 @@ otherwise. A change to one must be made to the other: the test says when they di
 """
 
 from libc.math cimport ceil, frexp, ldexp, log
+from math import ceil as math_ceil
 
 cdef double INF = float("inf")
 
@@ -435,3 +436,54 @@ def one_run(list records):
         if r["project"] != project or r["run_id"] != run_id:
             return False
     return True
+
+
+# -- ExpHistogram.encode and ExpHistogram.quantiles -------------------------------------------
+
+def exp_encode(h, max_size_default):
+    """``ExpHistogram.encode()`` for ``h`` (``max_size_default``: histograms.py's MAX_SIZE)."""
+    cdef list counts = []
+    cdef Py_ssize_t zeros = 0
+    for c in h.counts:
+        if c:
+            if zeros:
+                counts.append(-zeros if zeros > 1 else 0)
+                zeros = 0
+            counts.append(c)
+        else:
+            zeros += 1
+    out = [h.scale, h.zero_count, h.offset, counts, h.count, h.sum, h.min, h.max]
+    if h.max_size != max_size_default:
+        out.append(h.max_size)
+    return out
+
+
+def exp_quantiles(h, tuple qs):
+    """``ExpHistogram.quantiles(qs)`` for ``h``."""
+    cdef list out, counts
+    cdef Py_ssize_t i, n
+    if not all(0.0 <= q <= 1.0 for q in qs):
+        raise ValueError(f"quantiles must be within [0, 1], got {qs!r}")
+    if h.count == 0 or h.min is None or h.max is None:
+        raise ValueError("quantile of an empty histogram")
+    lo, hi, count = h.min, h.max, h.count
+    out = []
+    seen, counts, i, n = h.zero_count, h.counts, 0, len(h.counts)
+    for q in qs:
+        rank = max(1, math_ceil(q * count))  # Python's: an int, as the method's
+        if rank == 1:
+            out.append(lo)
+        elif rank == count:
+            out.append(hi)
+        elif rank <= h.zero_count:
+            out.append(0.0)
+        else:
+            while i < n and rank > seen + counts[i]:  # the bucket holding this rank; ranks only grow
+                seen += counts[i]
+                i += 1
+            if i == n:
+                out.append(hi)  # unreachable while count matches the buckets
+            else:
+                mid = 2.0 ** min((h.offset + i + 0.5) / 2.0**h.scale, 1023.0)
+                out.append(min(max(mid, lo), hi))
+    return out

@@ -382,6 +382,8 @@ class ExpHistogram:
     def quantiles(self, qs: tuple[float, ...]) -> list[float]:
         """``[quantile(q) for q in qs]`` in one pass over the buckets (``qs`` in ascending order):
         the same values, for a window's three duration percentiles at a third of the cost."""
+        if compiled.LOOPS is not None:  # this method line for line, in C (streams/_loops.pyx)
+            return compiled.LOOPS.exp_quantiles(self, qs)  # type: ignore[no-any-return]
         if not all(0.0 <= q <= 1.0 for q in qs):
             raise ValueError(f"quantiles must be within [0, 1], got {qs!r}")
         if self.count == 0 or self.min is None or self.max is None:
@@ -422,6 +424,8 @@ class ExpHistogram:
     def encode(self) -> list[Any]:
         """The state as a run's changelog carries it: ``to_dict``'s values in a list, a run of zero
         counts written as minus its length (a length histogram is mostly empty buckets)."""
+        if compiled.LOOPS is not None:  # this method line for line, in C (streams/_loops.pyx)
+            return compiled.LOOPS.exp_encode(self, MAX_SIZE)  # type: ignore[no-any-return]
         counts: list[int] = []
         zeros = 0
         for c in self.counts:

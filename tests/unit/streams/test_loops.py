@@ -177,3 +177,29 @@ def test_one_run_is_true_only_when_every_record_names_the_first_ones_run() -> No
     # the same run key from two runs ("a/b" + "c", "a" + "b/c"): grouped as on_message groups them
     assert COMPILED.one_run([{"project": "a/b", "run_id": "c"}, {"project": "a", "run_id": "b/c"}]) is False
     assert COMPILED.one_run([]) is False
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_exp_encode_and_quantiles(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    def run() -> list[Any]:
+        rng = random.Random(seed)
+        out: list[Any] = []
+        for _ in range(100):
+            h = ExpHistogram(max_size=rng.choice([4, 160, 7]))
+            h.add_many([rng.choice([0.0, 1.0, rng.uniform(1e-3, 10), rng.lognormvariate(0, 4)])
+                        for _ in range(rng.randrange(0, 80))])
+            out.append(h.encode())
+            qs = tuple(sorted([rng.random() for _ in range(rng.randrange(1, 5))] + [0.0, 0.5, 0.99, 1.0]))
+            try:
+                out.append(h.quantiles(qs))
+            except ValueError as exc:
+                out.append(str(exc))
+        for bad, qs in ((ExpHistogram(), (0.5,)), (h, (0.5, 2.0))):
+            try:
+                bad.quantiles(qs)
+            except ValueError as exc:
+                out.append(str(exc))
+        return out
+
+    compiled, pure = both(monkeypatch, run)
+    assert compiled == pure and "empty" in compiled and "within" in compiled
