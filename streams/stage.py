@@ -180,7 +180,10 @@ class HardwareStage:
         """One EngineSample through the engine_saturated rule; its state is written with the message's."""
         key = ENGINE_STATE + engine_key(sample.get("pod", ""), sample["url"], sample.get("engine", ""))
         state = states.get(key) or self.table.get(key)
-        if state is None and (len(key) > MAX_ENGINE_KEY or sum(k.startswith(ENGINE_STATE) for k in self.table) >= MAX_ENGINES):
+        # the count of engines walks the table: only once the table could hold MAX_ENGINES of them (a walk per
+        # new engine made the first samples of many engines quadratic)
+        if state is None and (len(key) > MAX_ENGINE_KEY or (len(self.table) >= MAX_ENGINES and sum(
+                k.startswith(ENGINE_STATE) for k in self.table) >= MAX_ENGINES)):
             self.engines_refused += 1
             if often(self.engines_refused - 1, self.engines_refused):
                 log.warning("engine sample refused: a key of %d characters (at most %d) or %d engines held already "
