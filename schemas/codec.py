@@ -126,6 +126,7 @@ _NAMES: dict[bytes, str] = {}  # header schema bytes -> record full name: parsed
 # successful parse adds one) and the list is bounded.
 _PREFIXES: list[tuple[bytes, bytes, str, str]] = []  # (metadata bytes, schema_json, codec, name)
 _PREFIXES_MAX = 32
+_PREFIX_MAX_BYTES = 64 * 1024  # our headers are ~4 KB; a bigger one is parsed each time, never kept
 
 
 def read_header(data: bytes) -> Header:
@@ -182,7 +183,7 @@ def read_header(data: bytes) -> Header:
         _NAMES[schema_json] = name
     # not UTF-8: an unknown codec name that fastavro refuses, never an exception of another kind
     codec = meta.get("avro.codec", b"null").decode("utf-8", "replace")
-    if isinstance(data, bytes):
+    if isinstance(data, bytes) and pos <= _PREFIX_MAX_BYTES:  # read before the schema's bounds are checked
         if len(_PREFIXES) >= _PREFIXES_MAX:
             _PREFIXES.clear()
         _PREFIXES.append((data[:pos], schema_json, codec, name))

@@ -155,3 +155,13 @@ def test_a_header_seen_before_reads_the_same_with_its_own_sync_marker(monkeypatc
         read_header(second[:b.end - 1])
     assert read_header(codec.encode("Step", [STEP])).name == "rlpulse.v1.Step"
     assert len(codec_module._PREFIXES) == 2
+
+
+@pytest.mark.full
+def test_a_header_over_64_kib_is_parsed_each_time_and_never_kept(monkeypatch):
+    monkeypatch.setattr(codec_module, "_PREFIXES", [])
+    schema = dict(load_schemas()["rlpulse.v1.Step"], doc="x" * 70_000)
+    buf = io.BytesIO()
+    fastavro.writer(buf, fastavro.parse_schema(schema), [STEP])
+    assert read_header(buf.getvalue()).name == "rlpulse.v1.Step"
+    assert codec_module._PREFIXES == []
